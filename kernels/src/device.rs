@@ -1,0 +1,348 @@
+//! The one place that touches device intrinsics and inline PTX.
+//!
+//! Every `asm!` of the kernels lives here, behind a small safe or documented-unsafe
+//! function; op modules use only these wrappers. Naming follows CUDA C++ where it exists.
+
+use core::arch::asm;
+use core::arch::nvptx;
+
+// ---------------------------------------------------------------------------------------
+// Indices
+// ---------------------------------------------------------------------------------------
+
+/// `threadIdx.x`.
+#[inline(always)]
+pub fn thread_idx_x() -> u32 {
+    // SAFETY: reads a special register; no memory access.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+
+/// `blockIdx.x`.
+#[inline(always)]
+pub fn block_idx_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+
+/// `blockIdx.y`.
+#[inline(always)]
+pub fn block_idx_y() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+
+/// `blockDim.x`.
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+
+/// `gridDim.x`.
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// The global 1-D thread index, `blockIdx.x * blockDim.x + threadIdx.x`, in 64 bits.
+#[inline(always)]
+pub fn global_thread_x() -> u64 {
+    block_idx_x() as u64 * block_dim_x() as u64 + thread_idx_x() as u64
+}
+
+/// Lane of this thread in its warp.
+#[inline(always)]
+pub fn lane_id() -> u32 {
+    thread_idx_x() & 31
+}
+
+/// Warp of this thread in its (1-D) block.
+#[inline(always)]
+pub fn warp_id() -> u32 {
+    thread_idx_x() >> 5
+}
+
+/// Calls `f(i)` for every `i < len` assigned to this thread by a grid-stride loop over the
+/// whole 1-D grid.
+#[inline(always)]
+pub fn grid_stride(len: u64, mut f: impl FnMut(u64)) {
+    let step = grid_dim_x() as u64 * block_dim_x() as u64;
+    let mut i = global_thread_x();
+    while i < len {
+        f(i);
+        i += step;
+    }
+}
+
+/// Repeats `$body` once per listed index with `$i` bound to that literal, so that arrays
+/// indexed by `$i` stay in registers however large the body (LLVM's unroller gives up on
+/// large bodies, and a run-time index sends an array to local memory).
+#[macro_export]
+macro_rules! unroll {
+    ($i:ident in [$($n:literal),* $(,)?] $body:block) => {
+        $( { let $i: usize = $n; $body } )*
+    };
+}
+
+// ---------------------------------------------------------------------------------------
+// Barriers and warp collectives
+// ---------------------------------------------------------------------------------------
+
+/// `__syncthreads()`: every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads() {
+    // SAFETY: a block-wide barrier; callers keep it in uniform control flow.
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `__shfl_xor_sync(0xffffffff, v, mask)` on 32-bit words; the full warp must be converged.
+#[inline(always)]
+pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only warp exchange; all 32 lanes participate (member mask ~0).
+    unsafe {
+        asm!(
+            "shfl.sync.bfly.b32 {o}, {v}, {m}, 0x1f, 0xffffffff;",
+            o = out(reg32) out,
+            v = in(reg32) v,
+            m = in(reg32) lane_mask,
+        );
+    }
+    out
+}
+
+/// `__shfl_xor_sync` on an f32.
+#[inline(always)]
+pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
+    f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))
+}
+
+/// Combines a value-with-index across the warp with `combine`; every lane gets the result.
+#[inline(always)]
+pub fn warp_reduce<T: Copy>(
+    mut v: T,
+    combine: impl Fn(T, T) -> T,
+    shfl: impl Fn(T, u32) -> T,
+) -> T {
+    let mut mask = 16;
+    while mask > 0 {
+        v = combine(v, shfl(v, mask));
+        mask >>= 1;
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared memory
+// ---------------------------------------------------------------------------------------
+
+/// Declares a statically sized, 16-byte aligned `.shared` array of `$bytes` bytes inside
+/// the calling kernel and evaluates to its generic address as `*mut $t`. The declaration
+/// is scoped by braces, so several call sites in one kernel get separate arrays.
+#[macro_export]
+macro_rules! shared_array {
+    ($t:ty, $bytes:literal) => {{
+        let p: u64;
+        // SAFETY: declares block-scoped shared storage and takes its generic address;
+        // no memory is touched here.
+        unsafe {
+            ::core::arch::asm!(
+                concat!(
+                    "{{ .shared .align 16 .b8 oxidnn_smem[", stringify!($bytes), "];\n",
+                    "cvta.shared.u64 {p}, oxidnn_smem; }}"
+                ),
+                p = out(reg64) p,
+            );
+        }
+        p as *mut $t
+    }};
+}
+
+/// Reduces `v` over the whole 1-D block (at most 1024 threads); every thread gets the
+/// result. `scratch` is shared memory for 32 values. Must be reached by every thread.
+#[inline(always)]
+pub fn block_reduce<T: Copy>(
+    v: T,
+    scratch: *mut T,
+    identity: T,
+    combine: impl Fn(T, T) -> T + Copy,
+    shfl: impl Fn(T, u32) -> T + Copy,
+) -> T {
+    let warp_total = warp_reduce(v, combine, shfl);
+    let warps = (block_dim_x() + 31) >> 5;
+    // SAFETY: `scratch` points to 32 shared slots; warp w writes slot w < 32, the barrier
+    // orders those writes before the reads, the second barrier keeps a later call's writes
+    // behind this call's reads.
+    unsafe {
+        if lane_id() == 0 {
+            *scratch.add(warp_id() as usize) = warp_total;
+        }
+        sync_threads();
+        let lane = lane_id();
+        let mine = if lane < warps {
+            *scratch.add(lane as usize)
+        } else {
+            identity
+        };
+        let total = warp_reduce(mine, combine, shfl);
+        sync_threads();
+        total
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Global memory
+// ---------------------------------------------------------------------------------------
+
+/// Four 32-bit words = one 16-byte vector.
+pub type Vec16 = [u32; 4];
+
+/// A 16-byte load through the read-only (non-coherent) path.
+///
+/// # Safety
+/// `p` is 16-byte aligned, points into global memory the kernel does not write through
+/// another thread during this launch.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v4(p: *const u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// A 16-byte coherent load.
+///
+/// # Safety
+/// `p` is 16-byte aligned and points into global memory.
+#[inline(always)]
+pub unsafe fn ld_global_v4(p: *const u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// A 16-byte store.
+///
+/// # Safety
+/// `p` is 16-byte aligned and points into writable global memory.
+#[inline(always)]
+pub unsafe fn st_global_v4(p: *mut u32, v: Vec16) {
+    asm!(
+        "st.global.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+        p = in(reg64) p,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack, preserves_flags),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Floating point
+// ---------------------------------------------------------------------------------------
+
+/// Half precision bits -> f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let out: f32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {o}, {h};", o = out(reg32) out, h = in(reg16) h,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// f32 -> half precision bits, round to nearest even.
+#[inline(always)]
+pub fn f32_to_f16(v: f32) -> u16 {
+    let out: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.f16.f32 {o}, {v};", o = out(reg16) out, v = in(reg32) v,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// bfloat16 bits -> f32 (exact: bf16 is the top half of an f32).
+#[inline(always)]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// f32 -> bfloat16 bits, round to nearest even (sm_80+).
+#[inline(always)]
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let out: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {o}, {v};", o = out(reg16) out, v = in(reg32) v,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `2^x`, approximate (max relative error about 2^-22).
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("ex2.approx.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `log2(x)`, approximate (max absolute error about 2^-22 in the mantissa range).
+#[inline(always)]
+pub fn log2_approx(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("lg2.approx.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// Correctly rounded square root.
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("sqrt.rn.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// Fused multiply-add `a * b + c`, rounded once.
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f32 {o}, {a}, {b}, {c};", o = out(reg32) out,
+             a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// Stops the kernel with an error the host sees at the next synchronisation.
+#[inline(always)]
+pub fn trap() -> ! {
+    // SAFETY: `trap` aborts the launch.
+    unsafe { nvptx::trap() }
+}

@@ -1,0 +1,226 @@
+//! reduce_tensor (cudnnReduceTensor semantics): `y = alpha * reduce(x) + beta * y` over any
+//! set of dims, with the flattened index of the chosen element for min/max/amax.
+//!
+//! `reduce_thread_*`: one thread per output (reduced dims outer, or short reductions).
+//! `reduce_block_*`: one block per output, or per slice of one when `splits > 1`, which
+//! then leaves [`ReducePartial`]s in the workspace for `reduce_finalize_*`.
+
+use crate::activation::blend;
+use crate::device::{
+    block_dim_x, block_idx_x, block_reduce, grid_stride, shfl_xor_f32, shfl_xor_u32, sqrt,
+    thread_idx_x,
+};
+use crate::element::Element;
+use oxidnn_params::{ReduceOp, ReduceParams, ReducePartial};
+
+const NO_INDEX: u32 = u32::MAX;
+
+/// The accumulator an empty reduction starts from.
+#[inline(always)]
+fn identity(op: ReduceOp) -> ReducePartial {
+    let value = match op {
+        ReduceOp::Mul | ReduceOp::MulNoZeros => 1.0,
+        ReduceOp::Min => f32::INFINITY,
+        ReduceOp::Max => f32::NEG_INFINITY,
+        _ => 0.0,
+    };
+    ReducePartial {
+        value,
+        index: NO_INDEX,
+    }
+}
+
+/// What element `x` (flattened index `r`) contributes.
+#[inline(always)]
+fn contribution(op: ReduceOp, x: f32, r: u32) -> ReducePartial {
+    let value = match op {
+        ReduceOp::Amax | ReduceOp::Norm1 => x.abs(),
+        ReduceOp::Norm2 => x * x,
+        ReduceOp::MulNoZeros if x == 0.0 => 1.0,
+        _ => x,
+    };
+    ReducePartial { value, index: r }
+}
+
+/// Whether `b` wins over `a` for a selecting op: NaN wins, then the extreme value, then
+/// the smaller index (so the first occurrence is reported, whatever the reduction order).
+#[inline(always)]
+fn wins(op: ReduceOp, b: ReducePartial, a: ReducePartial) -> bool {
+    let (bn, an) = (b.value != b.value, a.value != a.value);
+    if bn || an {
+        return bn && (!an || b.index < a.index);
+    }
+    let strictly = match op {
+        ReduceOp::Min => b.value < a.value,
+        _ => b.value > a.value,
+    };
+    strictly || (b.value == a.value && b.index < a.index)
+}
+
+#[inline(always)]
+fn combine(op: ReduceOp, a: ReducePartial, b: ReducePartial) -> ReducePartial {
+    match op {
+        ReduceOp::Min | ReduceOp::Max | ReduceOp::Amax => {
+            if wins(op, b, a) {
+                b
+            } else {
+                a
+            }
+        }
+        ReduceOp::Mul | ReduceOp::MulNoZeros => ReducePartial {
+            value: a.value * b.value,
+            index: NO_INDEX,
+        },
+        _ => ReducePartial {
+            value: a.value + b.value,
+            index: NO_INDEX,
+        },
+    }
+}
+
+#[inline(always)]
+fn shfl(v: ReducePartial, mask: u32) -> ReducePartial {
+    ReducePartial {
+        value: shfl_xor_f32(v.value, mask),
+        index: shfl_xor_u32(v.index, mask),
+    }
+}
+
+/// Writes output `o` from its complete accumulator.
+#[inline(always)]
+unsafe fn write_output<T: Element>(
+    p: &ReduceParams,
+    o: u32,
+    acc: ReducePartial,
+    y: *mut T,
+    idx: *mut u32,
+) {
+    let op = ReduceOp::from_u32(p.op);
+    let v = match op {
+        ReduceOp::Avg => acc.value / p.red_len as f32,
+        ReduceOp::Norm2 => sqrt(acc.value),
+        _ => acc.value,
+    };
+    let [_, y_off, i_off] = p.out.offsets(o);
+    let yp = y.add(y_off as usize);
+    T::store(yp, blend(p.alpha, v, p.beta, || T::load(yp)));
+    if p.write_indices != 0 {
+        *idx.add(i_off as usize) = if acc.index == NO_INDEX { 0 } else { acc.index };
+    }
+}
+
+/// Reduces `x` elements `[begin, end)` of output `o`, strided by `step` from `first`.
+#[inline(always)]
+unsafe fn accumulate<T: Element>(
+    p: &ReduceParams,
+    op: ReduceOp,
+    x: *const T,
+    x_base: u64,
+    first: u32,
+    end: u32,
+    step: u32,
+) -> ReducePartial {
+    let mut acc = identity(op);
+    let mut r = first;
+    while r < end {
+        let [off] = p.red.offsets(r);
+        let v = T::load(x.add((x_base + off) as usize));
+        acc = combine(op, acc, contribution(op, v, r));
+        r += step;
+    }
+    acc
+}
+
+#[inline(always)]
+unsafe fn reduce_thread<T: Element>(p: &ReduceParams, x: *const T, y: *mut T, idx: *mut u32) {
+    let op = ReduceOp::from_u32(p.op);
+    grid_stride(p.out_len as u64, |o| {
+        let o = o as u32;
+        let [x_base, _, _] = p.out.offsets(o);
+        let acc = accumulate(p, op, x, x_base, 0, p.red_len, 1);
+        write_output(p, o, acc, y, idx);
+    });
+}
+
+#[inline(always)]
+unsafe fn reduce_block<T: Element>(
+    p: &ReduceParams,
+    x: *const T,
+    y: *mut T,
+    idx: *mut u32,
+    partials: *mut ReducePartial,
+) {
+    let op = ReduceOp::from_u32(p.op);
+    let scratch = crate::shared_array!(ReducePartial, 256);
+    let (o, s) = (block_idx_x() / p.splits, block_idx_x() % p.splits);
+    let begin = s * p.split_len;
+    let end = if p.red_len - begin < p.split_len {
+        p.red_len
+    } else {
+        begin + p.split_len
+    };
+    let [x_base, _, _] = p.out.offsets(o);
+    let mine = accumulate(p, op, x, x_base, begin + thread_idx_x(), end, block_dim_x());
+    let total = block_reduce(mine, scratch, identity(op), |a, b| combine(op, a, b), shfl);
+    if thread_idx_x() == 0 {
+        if p.splits == 1 {
+            write_output(p, o, total, y, idx);
+        } else {
+            *partials.add(block_idx_x() as usize) = total;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn reduce_finalize<T: Element>(
+    p: &ReduceParams,
+    y: *mut T,
+    idx: *mut u32,
+    partials: *const ReducePartial,
+) {
+    let op = ReduceOp::from_u32(p.op);
+    grid_stride(p.out_len as u64, |o| {
+        let o = o as u32;
+        let mut acc = identity(op);
+        for s in 0..p.splits {
+            acc = combine(op, acc, *partials.add((o * p.splits + s) as usize));
+        }
+        write_output(p, o, acc, y, idx);
+    });
+}
+
+macro_rules! reduce_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes; `idx` may be null when
+            /// `p.write_indices == 0`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<reduce_thread_ $dt>](
+                p: ReduceParams, x: *const $T, y: *mut $T, idx: *mut u32,
+            ) {
+                reduce_thread::<$T>(&p, x, y, idx)
+            }
+            /// # Safety
+            /// As `reduce_thread_*`; `partials` holds `out_len * splits` entries when
+            /// `p.splits > 1`. One block per (output, split).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<reduce_block_ $dt>](
+                p: ReduceParams, x: *const $T, y: *mut $T, idx: *mut u32,
+                partials: *mut ReducePartial,
+            ) {
+                reduce_block::<$T>(&p, x, y, idx, partials)
+            }
+            /// # Safety
+            /// As `reduce_block_*`, after it completed on the same stream.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<reduce_finalize_ $dt>](
+                p: ReduceParams, y: *mut $T, idx: *mut u32, partials: *const ReducePartial,
+            ) {
+                reduce_finalize::<$T>(&p, y, idx, partials)
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(reduce_entry_points);

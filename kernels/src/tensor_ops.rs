@@ -1,0 +1,222 @@
+//! Tensor ops: op_tensor / add_tensor / scale_tensor / set_tensor (`tensor_op_*`) and
+//! transform_tensor with dtype conversion (`transform_*`, and `transpose_*` when the
+//! source and destination have different unit-stride dims).
+
+use crate::activation::blend;
+use crate::device::{block_idx_x, lane_id, sqrt, sync_threads, warp_id};
+use crate::element::Element;
+use crate::elementwise::{map_packed, map_strided};
+use oxidnn_params::{
+    PointwiseOp, TensorOpParams, TransformParams, TransposeParams, TRANSPOSE_BLOCK_ROWS,
+    TRANSPOSE_TILE,
+};
+
+/// `op(a, b)` on already scaled operands.
+#[inline(always)]
+pub fn pointwise(op: PointwiseOp, a: f32, b: f32) -> f32 {
+    match op {
+        PointwiseOp::CopyA | PointwiseOp::Fill => a,
+        PointwiseOp::Add => a + b,
+        PointwiseOp::Mul => a * b,
+        PointwiseOp::Min => a.min(b),
+        PointwiseOp::Max => a.max(b),
+        PointwiseOp::Sqrt => sqrt(a),
+        PointwiseOp::Not => 1.0 - a,
+    }
+}
+
+/// Evaluates `$body` with `$o` bound to `$op` as a constant (one specialised loop per op).
+macro_rules! with_op {
+    ($op:expr, |$o:ident| $body:expr) => {
+        match $op {
+            PointwiseOp::CopyA => {
+                const $o: PointwiseOp = PointwiseOp::CopyA;
+                $body
+            }
+            PointwiseOp::Add => {
+                const $o: PointwiseOp = PointwiseOp::Add;
+                $body
+            }
+            PointwiseOp::Mul => {
+                const $o: PointwiseOp = PointwiseOp::Mul;
+                $body
+            }
+            PointwiseOp::Min => {
+                const $o: PointwiseOp = PointwiseOp::Min;
+                $body
+            }
+            PointwiseOp::Max => {
+                const $o: PointwiseOp = PointwiseOp::Max;
+                $body
+            }
+            PointwiseOp::Sqrt => {
+                const $o: PointwiseOp = PointwiseOp::Sqrt;
+                $body
+            }
+            PointwiseOp::Not => {
+                const $o: PointwiseOp = PointwiseOp::Not;
+                $body
+            }
+            PointwiseOp::Fill => {
+                const $o: PointwiseOp = PointwiseOp::Fill;
+                $body
+            }
+        }
+    };
+}
+
+#[inline(always)]
+unsafe fn tensor_op_packed<T: Element>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
+    let read_c = p.beta != 0.0;
+    with_op!(PointwiseOp::from_u32(p.op), |OP| {
+        if OP.reads_b() {
+            map_packed::<T, T, 2>(p.len, [a, b], c, read_c, |[av, bv], old| {
+                blend(
+                    1.0,
+                    pointwise(OP, p.alpha1 * av, p.alpha2 * bv),
+                    p.beta,
+                    || old,
+                )
+            });
+        } else if OP.reads_a() {
+            map_packed::<T, T, 1>(p.len, [a], c, read_c, |[av], old| {
+                blend(1.0, pointwise(OP, p.alpha1 * av, 0.0), p.beta, || old)
+            });
+        } else {
+            map_packed::<T, T, 0>(p.len, [], c, false, |[], _| p.alpha1);
+        }
+    })
+}
+
+#[inline(always)]
+unsafe fn tensor_op_strided<T: Element>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
+    let read_c = p.beta != 0.0;
+    with_op!(PointwiseOp::from_u32(p.op), |OP| {
+        if OP.reads_b() {
+            map_strided::<T, T, 2, 3>(p.len, &p.map, [a, b], c, read_c, |[av, bv], old| {
+                blend(
+                    1.0,
+                    pointwise(OP, p.alpha1 * av, p.alpha2 * bv),
+                    p.beta,
+                    || old,
+                )
+            });
+        } else if OP.reads_a() {
+            map_strided::<T, T, 1, 3>(p.len, &p.map, [a], c, read_c, |[av], old| {
+                blend(1.0, pointwise(OP, p.alpha1 * av, 0.0), p.beta, || old)
+            });
+        } else {
+            map_strided::<T, T, 0, 3>(p.len, &p.map, [], c, false, |[], _| p.alpha1);
+        }
+    })
+}
+
+#[inline(always)]
+unsafe fn transform_packed<S: Element, T: Element>(p: &TransformParams, x: *const S, y: *mut T) {
+    map_packed::<S, T, 1>(p.len, [x], y, p.beta != 0.0, |[v], old| {
+        blend(p.alpha, v, p.beta, || old)
+    });
+}
+
+#[inline(always)]
+unsafe fn transform_strided<S: Element, T: Element>(p: &TransformParams, x: *const S, y: *mut T) {
+    map_strided::<S, T, 1, 2>(p.len, &p.map, [x], y, p.beta != 0.0, |[v], old| {
+        blend(p.alpha, v, p.beta, || old)
+    });
+}
+
+const TILE: u32 = TRANSPOSE_TILE;
+const ROWS: u32 = TRANSPOSE_BLOCK_ROWS;
+/// Row pitch of the shared tile: one word of padding keeps column reads conflict-free.
+const PITCH: u32 = TILE + 1;
+
+/// One `TILE`² tile per block of `TILE * ROWS` threads: coalesced reads along `a` (unit
+/// stride in x) into shared memory, coalesced writes along `b` (unit stride in y) out.
+#[inline(always)]
+unsafe fn transpose<S: Element, T: Element>(p: &TransposeParams, x: *const S, y: *mut T) {
+    let tile = crate::shared_array!(f32, 4224); // TILE * PITCH * 4 bytes
+    let (rest, tile_a) = p.tiles_a.div_rem(block_idx_x());
+    let (batch, tile_b) = p.tiles_b.div_rem(rest);
+    let [x_base, y_base] = p.batch.offsets(batch);
+    let (a0, b0) = (tile_a * TILE, tile_b * TILE);
+    let (tx, ty) = (lane_id(), warp_id());
+
+    let mut r = ty;
+    while r < TILE {
+        let (a, b) = (a0 + tx, b0 + r);
+        if a < p.len_a && b < p.len_b {
+            let at = x_base + b as u64 * p.x_stride_b + a as u64;
+            *tile.add((r * PITCH + tx) as usize) = S::load(x.add(at as usize));
+        }
+        r += ROWS;
+    }
+    sync_threads();
+    let mut r = ty;
+    while r < TILE {
+        let (a, b) = (a0 + r, b0 + tx);
+        if a < p.len_a && b < p.len_b {
+            let at = (y_base + a as u64 * p.y_stride_a + b as u64) as usize;
+            let v = *tile.add((tx * PITCH + r) as usize);
+            T::store(y.add(at), blend(p.alpha, v, p.beta, || T::load(y.add(at))));
+        }
+        r += ROWS;
+    }
+}
+
+macro_rules! tensor_op_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<tensor_op_packed_ $dt>](
+                p: TensorOpParams, a: *const $T, b: *const $T, c: *mut $T,
+            ) {
+                tensor_op_packed::<$T>(&p, a, b, c)
+            }
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<tensor_op_strided_ $dt>](
+                p: TensorOpParams, a: *const $T, b: *const $T, c: *mut $T,
+            ) {
+                tensor_op_strided::<$T>(&p, a, b, c)
+            }
+        }
+    };
+}
+
+macro_rules! transform_entry_points {
+    ($s:ident, $S:ty, $d:ident, $D:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<transform_packed_ $s _ $d>](
+                p: TransformParams, x: *const $S, y: *mut $D,
+            ) {
+                transform_packed::<$S, $D>(&p, x, y)
+            }
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<transform_strided_ $s _ $d>](
+                p: TransformParams, x: *const $S, y: *mut $D,
+            ) {
+                transform_strided::<$S, $D>(&p, x, y)
+            }
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes; blocks are `TILE * ROWS`
+            /// threads.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<transpose_ $s _ $d>](
+                p: TransposeParams, x: *const $S, y: *mut $D,
+            ) {
+                transpose::<$S, $D>(&p, x, y)
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(tensor_op_entry_points);
+crate::for_each_dtype_pair!(transform_entry_points);

@@ -1,0 +1,376 @@
+//! Kernel parameter structs shared by the oxidnn host crate and its PTX kernels.
+//!
+//! Every struct here is `#[repr(C)]` and is passed by value as a kernel's first parameter.
+//! Host and device compile this same file, so the two sides can never disagree on a
+//! field's offset. Keep it `no_std`, free of pointers and free of `bool` (not a stable
+//! ABI type for kernel parameters).
+#![no_std]
+
+mod divisor;
+mod index_map;
+
+pub use divisor::FastDivisor;
+pub use index_map::IndexMap;
+
+/// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
+pub const MAX_DIMS: usize = 8;
+
+/// Threads per block of every elementwise and reduction kernel.
+pub const BLOCK_THREADS: u32 = 256;
+
+/// Elements a packed elementwise kernel moves per chunk (one or two 16-byte vectors).
+pub const PACKED_CHUNK: usize = 8;
+
+/// Chunks a thread of a packed elementwise kernel handles, given the widest element size
+/// (bytes) among its operands: each thread keeps 64 bytes of that operand in flight.
+pub const fn packed_chunks_per_thread(widest_element_bytes: usize) -> usize {
+    64 / (PACKED_CHUNK * widest_element_bytes)
+}
+
+/// Elements a thread of a packed elementwise kernel handles.
+pub const fn packed_elements_per_thread(widest_element_bytes: usize) -> usize {
+    PACKED_CHUNK * packed_chunks_per_thread(widest_element_bytes)
+}
+
+/// Side of the square tile of the tiled transpose kernel (elements).
+pub const TRANSPOSE_TILE: u32 = 32;
+/// Rows of a transpose tile one block row of threads walks per step.
+pub const TRANSPOSE_BLOCK_ROWS: u32 = 8;
+
+/// Activation functions, numbered as the device `match` expects.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActivationKind {
+    Identity = 0,
+    Relu = 1,
+    /// `min(max(x, 0), coef)`.
+    ClippedRelu = 2,
+    /// `x` if `x > 0` else `coef * x`.
+    LeakyRelu = 3,
+    /// `x` if `x > 0` else `coef * (exp(x) - 1)`.
+    Elu = 4,
+    Sigmoid = 5,
+    Tanh = 6,
+    /// `x * sigmoid(coef * x)` (swish; `coef = 1` is SiLU).
+    Swish = 7,
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    GeluErf = 8,
+    /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluTanh = 9,
+    /// `ln(1 + exp(x))`.
+    Softplus = 10,
+}
+
+impl ActivationKind {
+    /// Every kind, in discriminant order.
+    pub const ALL: [ActivationKind; 11] = [
+        Self::Identity,
+        Self::Relu,
+        Self::ClippedRelu,
+        Self::LeakyRelu,
+        Self::Elu,
+        Self::Sigmoid,
+        Self::Tanh,
+        Self::Swish,
+        Self::GeluErf,
+        Self::GeluTanh,
+        Self::Softplus,
+    ];
+
+    /// The kind a raw discriminant names; unknown values read as identity.
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Relu,
+            2 => Self::ClippedRelu,
+            3 => Self::LeakyRelu,
+            4 => Self::Elu,
+            5 => Self::Sigmoid,
+            6 => Self::Tanh,
+            7 => Self::Swish,
+            8 => Self::GeluErf,
+            9 => Self::GeluTanh,
+            10 => Self::Softplus,
+            _ => Self::Identity,
+        }
+    }
+}
+
+/// Parameters of `activation_fwd_*`: `y = alpha * f(x) + beta * y`.
+/// Operand order in `map`: `[x, y]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActivationFwdParams {
+    pub kind: u32,
+    pub coef: f32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub len: u64,
+    pub map: IndexMap<2>,
+}
+
+/// Parameters of `activation_bwd_*`: `dx = alpha * f'(x) * dy + beta * dx`.
+/// Operand order in `map`: `[dy, x, dx]` (`y` is accepted, as cuDNN's API takes it, but
+/// no kind needs to read it: derivatives are evaluated at `x`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActivationBwdParams {
+    pub kind: u32,
+    pub coef: f32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub len: u64,
+    pub map: IndexMap<3>,
+}
+
+/// Pointwise operations of `tensor_op_*`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PointwiseOp {
+    /// `c = alpha1 * a + beta * c` (add_tensor, scale_tensor; `b` unused).
+    CopyA = 0,
+    Add = 1,
+    Mul = 2,
+    Min = 3,
+    Max = 4,
+    /// `c = sqrt(alpha1 * a) + beta * c`.
+    Sqrt = 5,
+    /// `c = 1 - alpha1 * a + beta * c` (cuDNN's logical NOT).
+    Not = 6,
+    /// `c = alpha1` (set_tensor; `a`, `b` and the old `c` unused).
+    Fill = 7,
+}
+
+impl PointwiseOp {
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Add,
+            2 => Self::Mul,
+            3 => Self::Min,
+            4 => Self::Max,
+            5 => Self::Sqrt,
+            6 => Self::Not,
+            7 => Self::Fill,
+            _ => Self::CopyA,
+        }
+    }
+
+    /// Whether the op reads its second operand.
+    #[inline(always)]
+    pub fn reads_b(self) -> bool {
+        matches!(self, Self::Add | Self::Mul | Self::Min | Self::Max)
+    }
+
+    /// Whether the op reads its first operand.
+    #[inline(always)]
+    pub fn reads_a(self) -> bool {
+        !matches!(self, Self::Fill)
+    }
+}
+
+/// Parameters of `tensor_op_*`: `c = op(alpha1 * a, alpha2 * b) + beta * c`.
+/// Operand order in `map`: `[a, b, c]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorOpParams {
+    pub op: u32,
+    pub alpha1: f32,
+    pub alpha2: f32,
+    pub beta: f32,
+    pub len: u64,
+    pub map: IndexMap<3>,
+}
+
+/// Parameters of `transform_*` (elementwise, any strides): `y = alpha * x + beta * y`,
+/// converting dtype. Operand order in `map`: `[x, y]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransformParams {
+    pub alpha: f32,
+    pub beta: f32,
+    pub len: u64,
+    pub map: IndexMap<2>,
+}
+
+/// Parameters of `transpose_*`: a [`TransformParams`] whose source and destination have
+/// different unit-stride dims. A block moves a `TRANSPOSE_TILE`² tile through shared
+/// memory so that both the loads (along `x`'s unit-stride dim, `a`) and the stores (along
+/// `y`'s unit-stride dim, `b`) are coalesced. `batch` maps the remaining dims.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransposeParams {
+    pub alpha: f32,
+    pub beta: f32,
+    /// Extent of dim `a` (unit stride in x).
+    pub len_a: u32,
+    /// Extent of dim `b` (unit stride in y).
+    pub len_b: u32,
+    /// Tiles along `a`, as a divisor of the block index.
+    pub tiles_a: FastDivisor,
+    /// Tiles along `b`.
+    pub tiles_b: FastDivisor,
+    /// Stride of dim `b` in x (elements).
+    pub x_stride_b: u64,
+    /// Stride of dim `a` in y (elements).
+    pub y_stride_a: u64,
+    /// The other dims; operand order `[x, y]`.
+    pub batch: IndexMap<2>,
+}
+
+/// Reduction operations of `reduce_*`, as cuDNN's `cudnnReduceTensorOp_t`.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Add = 0,
+    Mul = 1,
+    Min = 2,
+    Max = 3,
+    /// Maximum of absolute values.
+    Amax = 4,
+    Avg = 5,
+    /// Sum of absolute values.
+    Norm1 = 6,
+    /// Square root of the sum of squares.
+    Norm2 = 7,
+    /// Product of the non-zero elements (1 if all are zero).
+    MulNoZeros = 8,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 9] = [
+        Self::Add,
+        Self::Mul,
+        Self::Min,
+        Self::Max,
+        Self::Amax,
+        Self::Avg,
+        Self::Norm1,
+        Self::Norm2,
+        Self::MulNoZeros,
+    ];
+
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::Mul,
+            2 => Self::Min,
+            3 => Self::Max,
+            4 => Self::Amax,
+            5 => Self::Avg,
+            6 => Self::Norm1,
+            7 => Self::Norm2,
+            8 => Self::MulNoZeros,
+            _ => Self::Add,
+        }
+    }
+
+    /// Whether the op selects one element (and so can report its index).
+    #[inline(always)]
+    pub fn selects(self) -> bool {
+        matches!(self, Self::Min | Self::Max | Self::Amax)
+    }
+}
+
+/// Parameters of `reduce_*`.
+///
+/// Output element `o` (of `out_len`) reduces the `red_len` input elements at
+/// `x_base(o) + red_offset(r)`; `out.offsets(o) = [x_base, y_offset, index_offset]`,
+/// `red.offsets(r) = [x_offset]`. Result: `y = alpha * reduce + beta * y`; for selecting
+/// ops the flattened index `r` of the chosen element is written to `indices` (u32) when
+/// `write_indices != 0`.
+///
+/// Split reductions (`splits > 1`): block `(o, s)` reduces the slice
+/// `[s * split_len, min((s + 1) * split_len, red_len))` into `partials[o * splits + s]`
+/// and `reduce_finalize_*` combines the `splits` partials of each output.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReduceParams {
+    pub op: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub write_indices: u32,
+    pub out_len: u32,
+    pub red_len: u32,
+    pub splits: u32,
+    pub split_len: u32,
+    pub out: IndexMap<3>,
+    pub red: IndexMap<1>,
+}
+
+/// One partial result of a split reduction, as the workspace holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReducePartial {
+    pub value: f32,
+    pub index: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_divisor_matches_integer_division() {
+        let divisors = [
+            1u32,
+            2,
+            3,
+            5,
+            7,
+            31,
+            32,
+            33,
+            1000,
+            65535,
+            65536,
+            1 << 31,
+            (1 << 31) + 1,
+            u32::MAX,
+        ];
+        let numerators = [
+            0u32,
+            1,
+            2,
+            3,
+            31,
+            32,
+            1000,
+            123_456_789,
+            (1 << 31) - 1,
+            1 << 31,
+            u32::MAX - 1,
+            u32::MAX,
+        ];
+        for &d in &divisors {
+            let f = FastDivisor::new(d);
+            for &n in &numerators {
+                assert_eq!(f.div_rem(n), (n / d, n % d), "{n} / {d}");
+            }
+        }
+        // A denser sweep of small divisors over a spread of numerators.
+        let mut n: u32 = 12345;
+        for d in 1..2000u32 {
+            let f = FastDivisor::new(d);
+            for _ in 0..64 {
+                n = n.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                assert_eq!(f.div(n), n / d, "{n} / {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn index_map_walks_row_major() {
+        let mut m = IndexMap::<2>::default();
+        m.rank = 3;
+        m.dims[0] = FastDivisor::new(2);
+        m.dims[1] = FastDivisor::new(3);
+        m.dims[2] = FastDivisor::new(4);
+        m.strides[0] = [12, 4, 1, 0, 0, 0, 0, 0]; // packed
+        m.strides[1] = [1, 2 * 4, 2, 0, 0, 0, 0, 0]; // a permuted layout
+        for i in 0..24u32 {
+            let (n, c, w) = (i / 12, (i / 4) % 3, i % 4);
+            assert_eq!(m.offsets(i), [i as u64, (n + 8 * c + 2 * w) as u64]);
+        }
+    }
+}

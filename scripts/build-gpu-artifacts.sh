@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds, on any machine (no GPU needed), every test binary, the demo and the cuDNN
+# comparison bench into gpu-artifacts/ (git-ignored), next to run-all.sh, which runs them
+# all on a GPU machine:   bash gpu-artifacts/run-all.sh [output-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=gpu-artifacts
+rm -rf "$out"
+mkdir -p "$out/tests"
+
+executables() { # cargo --message-format=json on stdin -> paths of built executables
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["kind"][0], m["target"]["name"], m["executable"])'
+}
+
+cargo test --release --no-run --message-format=json | executables | while read -r kind name exe; do
+  case "$kind" in
+    test|lib) cp "$exe" "$out/tests/$name" ;;
+  esac
+done
+cargo build --release --bin oxidnn-demo
+cp target/release/oxidnn-demo "$out/"
+if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
+  cargo bench --features cudnn-bench --no-run --message-format=json | executables | while read -r kind name exe; do
+    if [ "$kind" = bench ]; then cp "$exe" "$out/$name"; fi
+  done
+fi
+strip "$out"/tests/* "$out"/oxidnn-demo "$out"/vs_cudnn 2>/dev/null || true
+cp scripts/run-all.sh "$out/run-all.sh"
+du -sh "$out"
+ls -l "$out" "$out/tests"

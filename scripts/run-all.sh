@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every oxidnn test binary, the demo and the cuDNN comparison bench on a GPU machine.
+# Made by scripts/build-gpu-artifacts.sh; usage: bash gpu-artifacts/run-all.sh [log-dir]
+# Set OXIDNN_SKIP_BENCH=1 to run the tests only.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+logs="${1:-$here/logs}"
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$logs/gpu.txt"
+passed=0; failed=0; status=0
+for t in "$here"/tests/*; do
+  name=$(basename "$t")
+  "$t" --test-threads=4 >"$logs/test-$name.log" 2>&1
+  rc=$?
+  p=$(grep -Eo '[0-9]+ passed' "$logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
+  f=$(grep -Eo '[0-9]+ failed' "$logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
+  skipped=$(grep -c '^skipped ' "$logs/test-$name.log" || true)
+  echo "test binary $name: $p passed, $f failed, $skipped skipped (rc $rc)"
+  [ "$rc" -ne 0 ] && { status=1; grep -E "panicked|FAILED|rel error|left:|right:" "$logs/test-$name.log" | head -20; }
+  passed=$((passed + p)); failed=$((failed + f))
+done
+echo "ALL TESTS: $passed passed, $failed failed"
+"$here/oxidnn-demo" 2>&1 | tee "$logs/demo.log"
+if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ -x "$here/vs_cudnn" ]; then
+  OXIDNN_BENCH_CSV="$logs/bench.csv" "$here/vs_cudnn" 2>&1 | tee "$logs/bench.log" | tail -80
+fi
+exit $status

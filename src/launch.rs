@@ -1,0 +1,205 @@
+//! The GPU side of a handle: CUDA context, stream, the embedded PTX module and a cache of
+//! its functions; and the one function that launches a kernel.
+
+use crate::buffer::{Buffer, Memory};
+use crate::error::{Error, Result};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
+
+/// The PTX of every kernel, built by build.rs from `kernels/`.
+pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/oxidnn_kernels.ptx"));
+
+/// A raw module handle. Invariant: loaded in `ctx`, unloaded once, on drop.
+struct Module {
+    raw: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: CUmodule handles may be used from any thread once the owning context is bound.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `raw` was loaded by `load_data` and is unloaded only here. Errors
+            // cannot be reported from drop and are ignored.
+            let _ = unsafe { result::module::unload(self.raw) };
+        }
+    }
+}
+
+/// A function handle of the module. Invariant: valid while its `Module` is loaded, which
+/// the owning `Gpu` guarantees by holding both.
+#[derive(Clone, Copy)]
+struct Function(sys::CUfunction);
+// SAFETY: CUfunction handles are immutable, context-bound identifiers.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+pub(crate) struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    module: Module,
+    functions: Mutex<HashMap<&'static str, Function>>,
+    pub(crate) sm_count: u32,
+    pub(crate) name: String,
+}
+
+/// Launch geometry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaunchConfig {
+    pub grid: u32,
+    pub block: u32,
+}
+
+impl LaunchConfig {
+    /// Enough blocks of `block` threads for `threads` threads (at least one block).
+    pub fn for_threads(threads: u64, block: u32) -> Result<Self> {
+        let grid = threads.div_ceil(block as u64).max(1);
+        if grid > i32::MAX as u64 {
+            return Err(Error::unsupported(format!(
+                "{threads} threads need more than 2^31-1 blocks"
+            )));
+        }
+        Ok(Self {
+            grid: grid as u32,
+            block,
+        })
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: a context, its default stream and the module.
+    pub(crate) fn open(ordinal: usize) -> Result<Self> {
+        // SAFETY: only probes whether libcuda can be loaded.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoGpu {
+                reason: "the CUDA driver library (libcuda.so) was not found".into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::NoGpu {
+            reason: format!("cuDeviceGetCount: {e:?}"),
+        })?;
+        if count <= ordinal as i32 {
+            return Err(Error::NoGpu {
+                reason: format!("device {ordinal} requested, {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| Error::NoGpu {
+            reason: format!("cuCtxCreate: {e:?}"),
+        })?;
+        // One stream orders every op of the handle; cudarc's per-buffer event tracking is
+        // not needed and would add work to every launch.
+        // SAFETY: called before any buffer of this context exists.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let ptx = CString::new(PTX)
+            .map_err(|_| Error::unsupported("embedded PTX contains a NUL byte"))?;
+        ctx.bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
+        let raw = unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(|e| Error::driver("cuModuleLoadData", e))?;
+        let module = Module {
+            raw,
+            ctx: ctx.clone(),
+        };
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::driver("cuDeviceGetAttribute", e))? as u32;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        Ok(Self {
+            ctx,
+            stream,
+            module,
+            functions: Mutex::new(HashMap::new()),
+            sm_count,
+            name,
+        })
+    }
+
+    fn function(&self, name: &'static str) -> Result<Function> {
+        let mut cache = self.functions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = cache.get(name) {
+            return Ok(*f);
+        }
+        let cname = CString::new(name).map_err(|_| Error::bad("kernel", "name contains NUL"))?;
+        // SAFETY: the module is loaded for the life of `self`.
+        let raw = unsafe { result::module::get_function(self.module.raw, cname) }
+            .map_err(|e| Error::driver("cuModuleGetFunction", e))?;
+        let f = Function(raw);
+        cache.insert(name, f);
+        Ok(f)
+    }
+
+    /// Launches `kernel(params, pointers..)` on the handle's stream.
+    ///
+    /// # Safety
+    /// `kernel`'s PTX signature is `(P, u64 * pointers.len())`; the pointers and `params`
+    /// describe memory the kernel may access for the whole launch (the ops layer checks
+    /// every buffer against its descriptor before calling this).
+    pub(crate) unsafe fn launch<P: Copy>(
+        &self,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        params: &P,
+        pointers: &[u64],
+    ) -> Result<()> {
+        let f = self.function(kernel)?;
+        let mut slots: Vec<*mut c_void> = Vec::with_capacity(1 + pointers.len());
+        slots.push(params as *const P as *mut c_void);
+        for p in pointers {
+            slots.push(p as *const u64 as *mut c_void);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        result::launch_kernel(
+            f.0,
+            (cfg.grid, 1, 1),
+            (cfg.block, 1, 1),
+            0,
+            self.stream.cu_stream(),
+            &mut slots,
+        )
+        .map_err(|e| Error::ExecutionFailed {
+            kernel: kernel.to_string(),
+            message: format!("{e:?}"),
+        })
+    }
+
+    /// Waits for the stream; reports any asynchronous failure of earlier launches.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| Error::ExecutionFailed {
+                kernel: "(stream)".into(),
+                message: format!("{e:?}"),
+            })
+    }
+}
+
+/// The device address of a buffer of a GPU handle.
+pub(crate) fn device_ptr(gpu: &Gpu, buf: &Buffer) -> Result<u64> {
+    match &buf.memory {
+        Memory::Device(s) => Ok(s.device_ptr(&gpu.stream).0),
+        Memory::Host(_) => Err(Error::bad(
+            "buffer",
+            "a host buffer was passed to a GPU handle",
+        )),
+    }
+}
+
+/// The device address of a buffer the kernel writes.
+pub(crate) fn device_ptr_mut(gpu: &Gpu, buf: &mut Buffer) -> Result<u64> {
+    match &mut buf.memory {
+        Memory::Device(s) => Ok(s.device_ptr_mut(&gpu.stream).0),
+        Memory::Host(_) => Err(Error::bad(
+            "buffer",
+            "a host buffer was passed to a GPU handle",
+        )),
+    }
+}

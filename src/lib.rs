@@ -1,0 +1,57 @@
+//! # oxidnn
+//!
+//! Deep-learning primitives for NVIDIA GPUs, written in Rust end to end: the kernels are
+//! `no_std` Rust compiled to PTX at build time (see `kernels/`), this crate launches them
+//! behind a cuDNN-like API — a [`Handle`], [`TensorDescriptor`]s, [`Buffer`]s, and ops with
+//! cuDNN's `y = alpha * op(x) + beta * y` semantics. Without a GPU, [`Handle::cpu`] runs
+//! the same API through the f64 CPU reference.
+//!
+//! ```
+//! use oxidnn::*;
+//! let (handle, _) = Handle::gpu_or_cpu();
+//! let desc = TensorDescriptor::nchw(DataType::F32, 1, 2, 2, 2)?;
+//! let x = handle.upload_tensor(&HostTensor::from_fn(desc, |i| i[3] as f64 - 0.5))?;
+//! let mut y = handle.alloc(&desc)?;
+//! activation_forward(&handle, &ActivationDescriptor::gelu(), 1.0, &desc, &x, 0.0, &desc, &mut y)?;
+//! let out = handle.download_tensor(&desc, &y)?;
+//! assert!((out.get(&[0, 0, 0, 1]) - 0.345731).abs() < 1e-5);
+//! # Ok::<(), oxidnn::Error>(())
+//! ```
+
+mod buffer;
+mod descriptor;
+mod dtype;
+mod error;
+mod handle;
+mod host_tensor;
+mod launch;
+
+pub mod ops;
+pub mod reference;
+
+/// Kernel names, generated from the embedded PTX by build.rs.
+pub mod kernels {
+    use crate::dtype::DataType;
+    include!(concat!(env!("OUT_DIR"), "/kernel_names.rs"));
+}
+
+pub use buffer::Buffer;
+pub use descriptor::{Layout, TensorDescriptor};
+pub use dtype::{DataType, HostElement};
+pub use error::{Error, Result};
+pub use handle::Handle;
+pub use host_tensor::{for_each_index, HostTensor};
+pub use ops::activation::{
+    activation_backward, activation_forward, ActivationDescriptor, ActivationMode,
+};
+pub use ops::reduce::{
+    reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,
+};
+pub use ops::tensor_ops::{
+    add_tensor, op_tensor, scale_tensor, set_tensor, transform_tensor, OpTensorOp,
+};
+
+/// The PTX every GPU handle loads (for inspection, e.g. with `ptxas`).
+pub fn ptx() -> &'static str {
+    launch::PTX
+}
