@@ -1,1 +1,1917 @@
-fn main() {}
+//! oxidnn against cuDNN: the activation, tensor and reduction ops, run by both libraries on
+//! the same device buffers and stream, checked against each other, then timed.
+//!
+//! ```text
+//! cargo bench --features cudnn-bench --bench vs_cudnn [-- FILTER]
+//! ```
+//!
+//! * `FILTER` (optional): run only the rows whose `op dtype shape` contains it, e.g.
+//!   `act_fwd`, `reduce`, `f16`, `32x256x56x56`, `relu f32`.
+//! * `OXIDNN_BENCH_QUICK=1`: a handful of rows only (smoke test).
+//! * `OXIDNN_BENCH_CSV=path`: where the CSV goes (default `bench-results.csv` in the cwd).
+//!
+//! Method: every timed call is bracketed by its own pair of CUDA events on the handle's
+//! stream; 5 warm-up calls, then 30 timed calls per library, median reported. The timed
+//! calls are queued behind a host-side stream gate and released together, so the events
+//! measure device time, not host launch overhead. oxidnn and cuDNN alternate call by call,
+//! and shapes small enough to live in L2 rotate over several buffer sets (at least 200 MiB
+//! and 4x the L2 in all) so no call reads what the previous one left in cache. "Bytes
+//! moved" is the minimum traffic: each input read once and each output written once. The
+//! roofline reference is the device-to-device copy bandwidth (cuMemcpyDtoDAsync of 1 GiB,
+//! read + write bytes).
+//!
+//! Without libcudnn only oxidnn is timed; without a GPU the program says why and exits 0.
+
+use cudarc::cudnn::sys as cudnn_sys;
+use cudarc::driver::{sys as cu_sys, CudaEvent, CudaStream};
+use oxidnn::{
+    activation_backward, activation_forward, add_tensor, op_tensor, reduce_tensor,
+    reduce_tensor_workspace_size, scale_tensor, set_tensor, transform_tensor, ActivationDescriptor,
+    Buffer, DataType, Handle, OpTensorOp, ReduceOp, ReduceTensorDescriptor, TensorDescriptor,
+};
+use std::ffi::c_void;
+use std::fmt::Display;
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Untimed calls per library before the timed ones.
+const WARMUP: usize = 5;
+/// Timed calls per library; the median is reported.
+const RUNS: usize = 30;
+/// Libraries timed side by side (oxidnn, cuDNN).
+const MAX_SIDES: usize = 2;
+/// Buffer sets of one shape together span at least this much (and 4x the L2).
+const ROTATION_MIN_BYTES: usize = 200 << 20;
+/// Size of the copy that sets the bandwidth reference.
+const COPY_BYTES: usize = 1 << 30;
+/// How long the stream gate waits for the host to queue the timed calls (which takes
+/// milliseconds; the limit only matters if a library call blocks on the stream).
+const GATE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Inputs are uniform in `[-INPUT_RANGE, INPUT_RANGE]`, never closer to 0 than
+/// `INPUT_MIN_MAGNITUDE`.
+const INPUT_RANGE: f32 = 2.0;
+const INPUT_MIN_MAGNITUDE: f32 = 1.0 / 1024.0;
+/// `scale_tensor`'s alpha: exact, keeps values bounded over repeated in-place runs.
+const SCALE_ALPHA: f64 = -1.0;
+/// `set_tensor`'s value (exact in every dtype).
+const SET_VALUE: f64 = 0.5;
+/// Clipped relu's ceiling: inside the input range, so the check sees clipping.
+const CLIP_CEILING: f64 = 1.0;
+
+const DTYPES: [DataType; 2] = [DataType::F32, DataType::F16];
+
+/// Logical NCHW dims of the problems: ResNet-50 activations (N = 32), then 2^26 and 2^28
+/// elements.
+const SHAPES: [[usize; 4]; 7] = [
+    [32, 64, 112, 112],
+    [32, 256, 56, 56],
+    [32, 512, 28, 28],
+    [32, 1024, 14, 14],
+    [32, 2048, 7, 7],
+    [64, 256, 64, 64],
+    [256, 256, 64, 64],
+];
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vs_cudnn: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, String>;
+
+/// Adds what was being done to any displayable error.
+trait Context<T> {
+    fn context(self, what: &str) -> Res<T>;
+}
+
+impl<T, E: Display> Context<T> for Result<T, E> {
+    fn context(self, what: &str) -> Res<T> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The cases
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Act {
+    Relu,
+    Sigmoid,
+    Tanh,
+    Elu,
+    ClippedRelu,
+    Swish,
+    Gelu,
+    Softplus,
+    LeakyRelu,
+}
+
+impl Act {
+    fn name(self) -> &'static str {
+        match self {
+            Act::Relu => "relu",
+            Act::Sigmoid => "sigmoid",
+            Act::Tanh => "tanh",
+            Act::Elu => "elu",
+            Act::ClippedRelu => "clipped_relu",
+            Act::Swish => "swish",
+            Act::Gelu => "gelu",
+            Act::Softplus => "softplus",
+            Act::LeakyRelu => "leaky_relu",
+        }
+    }
+
+    fn oxidnn(self) -> oxidnn::Result<ActivationDescriptor> {
+        Ok(match self {
+            Act::Relu => ActivationDescriptor::relu(),
+            Act::Sigmoid => ActivationDescriptor::sigmoid(),
+            Act::Tanh => ActivationDescriptor::tanh(),
+            Act::Elu => ActivationDescriptor::elu(1.0)?,
+            Act::ClippedRelu => ActivationDescriptor::clipped_relu(CLIP_CEILING)?,
+            Act::Swish => ActivationDescriptor::swish(1.0)?,
+            Act::Gelu => ActivationDescriptor::gelu(),
+            Act::Softplus => ActivationDescriptor::softplus(),
+            Act::LeakyRelu => ActivationDescriptor::leaky_relu(0.01)?,
+        })
+    }
+
+    /// cuDNN's mode and coefficient for the same function; `None` where cuDNN has none.
+    fn cudnn(self) -> Option<(cudnn_sys::cudnnActivationMode_t, f64)> {
+        use cudnn_sys::cudnnActivationMode_t as M;
+        match self {
+            Act::Relu => Some((M::CUDNN_ACTIVATION_RELU, 0.0)),
+            Act::Sigmoid => Some((M::CUDNN_ACTIVATION_SIGMOID, 0.0)),
+            Act::Tanh => Some((M::CUDNN_ACTIVATION_TANH, 0.0)),
+            Act::Elu => Some((M::CUDNN_ACTIVATION_ELU, 1.0)),
+            Act::ClippedRelu => Some((M::CUDNN_ACTIVATION_CLIPPED_RELU, CLIP_CEILING)),
+            // The swish beta is set separately (cudnnSetActivationDescriptorSwishBeta).
+            Act::Swish => Some((M::CUDNN_ACTIVATION_SWISH, 1.0)),
+            Act::Gelu | Act::Softplus | Act::LeakyRelu => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    /// y = f(x)
+    Fwd(Act),
+    /// dx = f'(x) * dy
+    Bwd(Act),
+    /// c += bias (1xCx1x1 broadcast)
+    AddBias,
+    /// c += a (same shape)
+    AddSame,
+    /// c = a + b
+    TensorAdd,
+    /// c = a * b
+    TensorMul,
+    /// `y = SCALE_ALPHA * y`, in place
+    Scale,
+    /// `y = SET_VALUE`
+    Set,
+    /// NCHW -> NHWC, same dtype
+    ToNhwc,
+    /// f32 -> f16, same layout
+    ToF16,
+    /// per-channel sum (over N, H, W), scaled by 1/(N*H*W) so f16 cannot overflow
+    SumPerChannel,
+    /// max over W
+    MaxLastDim,
+}
+
+const OPS: [Op; 21] = [
+    Op::Fwd(Act::Relu),
+    Op::Fwd(Act::Sigmoid),
+    Op::Fwd(Act::Tanh),
+    Op::Fwd(Act::Elu),
+    Op::Fwd(Act::ClippedRelu),
+    Op::Fwd(Act::Swish),
+    Op::Fwd(Act::Gelu),
+    Op::Fwd(Act::Softplus),
+    Op::Fwd(Act::LeakyRelu),
+    Op::Bwd(Act::Relu),
+    Op::Bwd(Act::Sigmoid),
+    Op::AddBias,
+    Op::AddSame,
+    Op::TensorAdd,
+    Op::TensorMul,
+    Op::Scale,
+    Op::Set,
+    Op::ToNhwc,
+    Op::ToF16,
+    Op::SumPerChannel,
+    Op::MaxLastDim,
+];
+
+/// The rows of `OXIDNN_BENCH_QUICK=1` (on `QUICK_SHAPE`, both dtypes).
+const QUICK_OPS: [Op; 7] = [
+    Op::Fwd(Act::Relu),
+    Op::Bwd(Act::Sigmoid),
+    Op::AddBias,
+    Op::TensorMul,
+    Op::ToNhwc,
+    Op::ToF16,
+    Op::SumPerChannel,
+];
+const QUICK_SHAPE: [usize; 4] = [32, 256, 56, 56];
+
+/// Where an op writes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slot {
+    Out,
+    Small,
+}
+
+impl Op {
+    fn name(self) -> String {
+        match self {
+            Op::Fwd(a) => format!("act_fwd.{}", a.name()),
+            Op::Bwd(a) => format!("act_bwd.{}", a.name()),
+            Op::AddBias => "add_tensor.bias".into(),
+            Op::AddSame => "add_tensor.same".into(),
+            Op::TensorAdd => "op_tensor.add".into(),
+            Op::TensorMul => "op_tensor.mul".into(),
+            Op::Scale => "scale_tensor".into(),
+            Op::Set => "set_tensor".into(),
+            Op::ToNhwc => "transform.to_nhwc".into(),
+            Op::ToF16 => "transform.to_f16".into(),
+            Op::SumPerChannel => "reduce.sum_per_c".into(),
+            Op::MaxLastDim => "reduce.max_last".into(),
+        }
+    }
+
+    /// The group the summary's geomean is taken over.
+    fn family(self) -> &'static str {
+        match self {
+            Op::Fwd(_) => "act_fwd",
+            Op::Bwd(_) => "act_bwd",
+            Op::AddBias | Op::AddSame => "add_tensor",
+            Op::TensorAdd | Op::TensorMul => "op_tensor",
+            Op::Scale => "scale_tensor",
+            Op::Set => "set_tensor",
+            Op::ToNhwc | Op::ToF16 => "transform",
+            Op::SumPerChannel | Op::MaxLastDim => "reduce",
+        }
+    }
+
+    fn applies_to(self, dtype: DataType) -> bool {
+        self != Op::ToF16 || dtype == DataType::F32
+    }
+
+    fn dtype_label(self, dtype: DataType) -> String {
+        match self {
+            Op::ToF16 => format!("{dtype}->f16"),
+            _ => dtype.to_string(),
+        }
+    }
+
+    /// Where the result lands and how it is laid out.
+    fn output(self, p: &Problem) -> (Slot, TensorDescriptor) {
+        match self {
+            Op::ToNhwc => (Slot::Out, p.nhwc),
+            Op::ToF16 => (Slot::Out, p.half),
+            Op::SumPerChannel => (Slot::Small, p.channel),
+            Op::MaxLastDim => (Slot::Small, p.last_reduced),
+            _ => (Slot::Out, p.x),
+        }
+    }
+
+    /// Minimum bytes the op must move: each input read once, each output written once.
+    /// `add_tensor` accumulates (beta = 1, its defining use), so it also reads `c`; every
+    /// other op runs with beta = 0. Activation backward needs dy and x (or y), not both.
+    fn bytes_moved(self, p: &Problem) -> u64 {
+        let tensor = p.x.size_bytes() as u64;
+        match self {
+            Op::Fwd(_) | Op::Scale | Op::ToNhwc => 2 * tensor,
+            Op::Set => tensor,
+            Op::Bwd(_) | Op::AddSame | Op::TensorAdd | Op::TensorMul => 3 * tensor,
+            Op::AddBias => 2 * tensor + p.channel.size_bytes() as u64,
+            Op::ToF16 => tensor + p.half.size_bytes() as u64,
+            Op::SumPerChannel => tensor + p.channel.size_bytes() as u64,
+            Op::MaxLastDim => tensor + p.last_reduced.size_bytes() as u64,
+        }
+    }
+
+    fn reduction(self) -> Option<ReduceOp> {
+        match self {
+            Op::SumPerChannel => Some(ReduceOp::Add),
+            Op::MaxLastDim => Some(ReduceOp::Max),
+            _ => None,
+        }
+    }
+
+    /// The reduction's alpha.
+    fn alpha(self, p: &Problem) -> f64 {
+        if self == Op::SumPerChannel {
+            p.mean_alpha
+        } else {
+            1.0
+        }
+    }
+}
+
+fn shape_string(dims: &[usize]) -> String {
+    dims.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("x")
+}
+
+/// The descriptors of one shape and dtype.
+struct Problem {
+    dims: [usize; 4],
+    dtype: DataType,
+    /// NCHW input and (for most ops) output.
+    x: TensorDescriptor,
+    /// 1xCx1x1: the bias, and the per-channel reduction's output.
+    channel: TensorDescriptor,
+    /// x's dims stored NHWC.
+    nhwc: TensorDescriptor,
+    /// x as f16.
+    half: TensorDescriptor,
+    /// `NxCxHx1`: the max-over-W output.
+    last_reduced: TensorDescriptor,
+    /// 1 / (N*H*W): makes the per-channel sum a mean.
+    mean_alpha: f64,
+}
+
+impl Problem {
+    fn new(dtype: DataType, dims: [usize; 4]) -> oxidnn::Result<Self> {
+        let [n, c, h, w] = dims;
+        Ok(Self {
+            dims,
+            dtype,
+            x: TensorDescriptor::nchw(dtype, n, c, h, w)?,
+            channel: TensorDescriptor::nchw(dtype, 1, c, 1, 1)?,
+            nhwc: TensorDescriptor::nhwc(dtype, n, c, h, w)?,
+            half: TensorDescriptor::nchw(DataType::F16, n, c, h, w)?,
+            last_reduced: TensorDescriptor::nchw(dtype, n, c, h, 1)?,
+            mean_alpha: 1.0 / (n * h * w) as f64,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Buffers
+// ---------------------------------------------------------------------------------------
+
+/// Device addresses of a set's buffers, for cuDNN.
+#[derive(Clone, Copy)]
+struct Addrs {
+    x: u64,
+    x2: u64,
+    aux: u64,
+    out: u64,
+    small: u64,
+    bias: u64,
+}
+
+/// One set of buffers for a problem. Invariant (checked in `alloc`): `x`, `x2`, `aux` and
+/// `out` hold `p.x`'s span (which covers `p.nhwc` and `p.half` too), `small` holds
+/// `p.channel`'s and `p.last_reduced`'s, `bias` holds `p.channel`'s.
+struct Set {
+    /// Input a / x (random).
+    x: Buffer,
+    /// Input b / dy (random).
+    x2: Buffer,
+    /// The forward output y for activation backward.
+    aux: Buffer,
+    /// Full-size output.
+    out: Buffer,
+    /// Reduction output.
+    small: Buffer,
+    /// 1xCx1x1 bias (random).
+    bias: Buffer,
+    addr: Addrs,
+}
+
+impl Set {
+    fn alloc(h: &Handle, p: &Problem) -> Res<Self> {
+        let full = p.x.size_bytes();
+        let small = p.channel.size_bytes().max(p.last_reduced.size_bytes());
+        assert!(full >= p.nhwc.size_bytes() && full >= p.half.size_bytes());
+        let alloc = |bytes: usize| h.alloc_bytes(bytes).context("allocating a buffer");
+        let (x, x2, aux, out) = (alloc(full)?, alloc(full)?, alloc(full)?, alloc(full)?);
+        let (small, bias) = (alloc(small)?, alloc(p.channel.size_bytes())?);
+        let addr = Addrs {
+            x: device_address(&x)?,
+            x2: device_address(&x2)?,
+            aux: device_address(&aux)?,
+            out: device_address(&out)?,
+            small: device_address(&small)?,
+            bias: device_address(&bias)?,
+        };
+        Ok(Self {
+            x,
+            x2,
+            aux,
+            out,
+            small,
+            bias,
+            addr,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        [
+            &self.x,
+            &self.x2,
+            &self.aux,
+            &self.out,
+            &self.small,
+            &self.bias,
+        ]
+        .iter()
+        .map(|b| b.len_bytes())
+        .sum()
+    }
+
+    fn slot(&self, slot: Slot) -> &Buffer {
+        match slot {
+            Slot::Out => &self.out,
+            Slot::Small => &self.small,
+        }
+    }
+
+    fn slot_mut(&mut self, slot: Slot) -> &mut Buffer {
+        match slot {
+            Slot::Out => &mut self.out,
+            Slot::Small => &mut self.small,
+        }
+    }
+}
+
+fn device_address(b: &Buffer) -> Res<u64> {
+    b.device_address()
+        .ok_or_else(|| "a GPU handle made a host buffer".to_string())
+}
+
+/// Copies the first `bytes` of `src` to `dst` on `stream`.
+fn copy_async(stream: &CudaStream, dst: &mut Buffer, src: &Buffer, bytes: usize) -> Res<()> {
+    assert!(bytes <= dst.len_bytes() && bytes <= src.len_bytes());
+    let (d, s) = (device_address(dst)?, device_address(src)?);
+    // SAFETY: both are live device allocations of at least `bytes` bytes (asserted) in the
+    // stream's context; every other user of them is ordered on the same stream.
+    unsafe { cu_sys::cuMemcpyDtoDAsync_v2(d, s, bytes, stream.cu_stream()) }
+        .result()
+        .context("cuMemcpyDtoDAsync")
+}
+
+/// Fills `buf` with 0xFF bytes (NaN in every float type), so an output a library fails to
+/// write cannot pass the check with the other library's values.
+fn poison_async(stream: &CudaStream, buf: &mut Buffer) -> Res<()> {
+    let d = device_address(buf)?;
+    // SAFETY: `d` is a live device allocation of `len_bytes` bytes; its users share the stream.
+    unsafe { cu_sys::cuMemsetD8Async(d, 0xFF, buf.len_bytes(), stream.cu_stream()) }
+        .result()
+        .context("cuMemsetD8Async")
+}
+
+// ---------------------------------------------------------------------------------------
+// Host data
+// ---------------------------------------------------------------------------------------
+
+/// splitmix64: a small, fast, seedable generator.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+fn encode(dtype: DataType, v: f32, out: &mut [u8]) {
+    match dtype {
+        DataType::F32 => out.copy_from_slice(&v.to_le_bytes()),
+        DataType::F16 => out.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+        DataType::BF16 => out.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+        DataType::F64 => out.copy_from_slice(&f64::from(v).to_le_bytes()),
+    }
+}
+
+fn decode(dtype: DataType, b: &[u8]) -> f64 {
+    match dtype {
+        DataType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
+        DataType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DataType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DataType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+    }
+}
+
+/// Threads for host work on `elements` elements.
+fn host_threads(elements: usize) -> usize {
+    if elements < 1 << 20 {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, std::num::NonZero::get)
+            .min(32)
+    }
+}
+
+/// `count` elements uniform in [-INPUT_RANGE, INPUT_RANGE], none near zero, encoded as `dtype`.
+fn random_bytes(dtype: DataType, count: usize, seed: u64) -> Vec<u8> {
+    let size = dtype.size_bytes();
+    let mut bytes = vec![0u8; count * size];
+    let chunk = count.div_ceil(host_threads(count)).max(1) * size;
+    std::thread::scope(|s| {
+        for (i, part) in bytes.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                let mut rng = SplitMix(
+                    seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
+                        ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9),
+                );
+                for out in part.chunks_exact_mut(size) {
+                    let v = INPUT_RANGE * (2.0 * rng.next_f32() - 1.0);
+                    let v = if v.abs() < INPUT_MIN_MAGNITUDE {
+                        INPUT_MIN_MAGNITUDE.copysign(v)
+                    } else {
+                        v
+                    };
+                    encode(dtype, v, out);
+                }
+            });
+        }
+    });
+    bytes
+}
+
+/// ||got - want|| / ||want|| over two encoded tensors (NaN if either holds a NaN or inf).
+fn relative_error(dtype: DataType, got: &[u8], want: &[u8]) -> f64 {
+    let size = dtype.size_bytes();
+    let count = want.len() / size;
+    let chunk = count.div_ceil(host_threads(count)).max(1) * size;
+    let (diff2, want2) = std::thread::scope(|s| {
+        let parts: Vec<_> = got
+            .chunks(chunk)
+            .zip(want.chunks(chunk))
+            .map(|(g, w)| {
+                s.spawn(move || {
+                    let (mut diff2, mut want2) = (0.0f64, 0.0f64);
+                    for (a, b) in g.chunks_exact(size).zip(w.chunks_exact(size)) {
+                        let (a, b) = (decode(dtype, a), decode(dtype, b));
+                        diff2 += (a - b) * (a - b);
+                        want2 += b * b;
+                    }
+                    (diff2, want2)
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .map(|p| p.join().unwrap_or((f64::NAN, f64::NAN)))
+            .fold((0.0, 0.0), |(d, w), (pd, pw)| (d + pd, w + pw))
+    });
+    if want2 > 0.0 {
+        (diff2 / want2).sqrt()
+    } else {
+        diff2.sqrt()
+    }
+}
+
+fn tolerance(dtype: DataType) -> f64 {
+    match dtype {
+        DataType::F32 | DataType::F64 => 1e-5,
+        DataType::F16 | DataType::BF16 => 1e-2,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct GateState {
+    open: AtomicBool,
+    timed_out: AtomicBool,
+}
+
+/// Holds back a stream: work queued after `close` starts only once `open` is called (or
+/// GATE_TIMEOUT passes), so a batch of launches runs back to back on the device whatever
+/// the host's launch overhead. Dropping the gate opens it.
+struct Gate(Arc<GateState>);
+
+/// The stream callback of a gate: waits until the gate opens.
+///
+/// # Safety
+/// `user` is a pointer from `Arc::into_raw` of an `Arc<GateState>` whose count this call
+/// owns; it is called at most once per such pointer.
+unsafe extern "C" fn hold_stream(user: *mut c_void) {
+    // SAFETY: per the contract above, this reclaims exactly the count `Gate::close` leaked.
+    let state = unsafe { Arc::from_raw(user.cast::<GateState>().cast_const()) };
+    let start = Instant::now();
+    while !state.open.load(Ordering::Acquire) {
+        if start.elapsed() > GATE_TIMEOUT {
+            state.timed_out.store(true, Ordering::Release);
+            return;
+        }
+        std::thread::yield_now();
+    }
+}
+
+impl Gate {
+    fn close(stream: &CudaStream) -> Res<Self> {
+        let state = Arc::new(GateState::default());
+        let user = Arc::into_raw(Arc::clone(&state))
+            .cast_mut()
+            .cast::<c_void>();
+        // SAFETY: `hold_stream` has the CUhostFn signature and takes ownership of the count
+        // leaked into `user`; the driver calls it once, on a driver thread, and it makes no
+        // CUDA calls. The stream is a live stream of the current context.
+        let launched =
+            unsafe { cu_sys::cuLaunchHostFunc(stream.cu_stream(), Some(hold_stream), user) }
+                .result();
+        if let Err(e) = launched {
+            // SAFETY: the launch failed, so the callback never runs; the count is ours again.
+            drop(unsafe { Arc::from_raw(user.cast::<GateState>().cast_const()) });
+            return Err(format!("cuLaunchHostFunc: {e}"));
+        }
+        Ok(Self(state))
+    }
+
+    fn open(&self) {
+        self.0.open.store(true, Ordering::Release);
+    }
+
+    /// Whether the gate gave up waiting (meaningful once the stream has passed it).
+    fn timed_out(&self) -> bool {
+        self.0.timed_out.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+/// Median device times (us) of each side.
+struct Measurement {
+    median_us: Vec<f64>,
+    /// False if the gate timed out: then host launch overhead may be in the times.
+    gated: bool,
+}
+
+/// CUDA events on the handle's stream, reused by every measurement.
+struct Timer {
+    stream: Arc<CudaStream>,
+    starts: Vec<CudaEvent>,
+    ends: Vec<CudaEvent>,
+}
+
+impl Timer {
+    fn new(stream: &Arc<CudaStream>) -> Res<Self> {
+        let ctx = stream.context();
+        let events = || -> Res<Vec<CudaEvent>> {
+            (0..MAX_SIDES * RUNS)
+                .map(|_| {
+                    ctx.new_event(Some(cu_sys::CUevent_flags::CU_EVENT_DEFAULT))
+                        .context("cuEventCreate")
+                })
+                .collect()
+        };
+        Ok(Self {
+            stream: Arc::clone(stream),
+            starts: events()?,
+            ends: events()?,
+        })
+    }
+
+    fn synchronize(&self) -> Res<()> {
+        self.stream.synchronize().context("cuStreamSynchronize")
+    }
+
+    /// Calls `call(side, invocation)` for each of `sides` sides in turn: WARMUP rounds, then
+    /// RUNS gated rounds, each call between its own two events. `invocation` counts every
+    /// call, so callers can rotate buffer sets with it.
+    fn measure(
+        &self,
+        sides: usize,
+        mut call: impl FnMut(usize, usize) -> Res<()>,
+    ) -> Res<Measurement> {
+        assert!(sides <= MAX_SIDES);
+        let mut invocation = 0;
+        for _ in 0..WARMUP {
+            for side in 0..sides {
+                call(side, invocation)?;
+                invocation += 1;
+            }
+        }
+        self.synchronize()?;
+        let gate = Gate::close(&self.stream)?;
+        for run in 0..RUNS {
+            for side in 0..sides {
+                let slot = side * RUNS + run;
+                self.starts[slot]
+                    .record(&self.stream)
+                    .context("cuEventRecord")?;
+                call(side, invocation)?;
+                invocation += 1;
+                self.ends[slot]
+                    .record(&self.stream)
+                    .context("cuEventRecord")?;
+            }
+        }
+        gate.open();
+        self.synchronize()?;
+        let mut median_us = Vec::with_capacity(sides);
+        for side in 0..sides {
+            let mut us = (0..RUNS)
+                .map(|run| {
+                    let slot = side * RUNS + run;
+                    self.starts[slot]
+                        .elapsed_ms(&self.ends[slot])
+                        .map(|ms| f64::from(ms) * 1e3)
+                        .context("cuEventElapsedTime")
+                })
+                .collect::<Res<Vec<f64>>>()?;
+            median_us.push(median(&mut us));
+        }
+        Ok(Measurement {
+            median_us,
+            gated: !gate.timed_out(),
+        })
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn gb_per_s(bytes: u64, us: f64) -> f64 {
+    bytes as f64 / (us * 1e-6) / 1e9
+}
+
+/// Device-to-device copy bandwidth (GB/s, read + write bytes) of a 1 GiB copy.
+fn copy_bandwidth(h: &Handle, timer: &Timer) -> Res<f64> {
+    let src = h
+        .alloc_bytes(COPY_BYTES)
+        .context("allocating the copy source")?;
+    let mut dst = h
+        .alloc_bytes(COPY_BYTES)
+        .context("allocating the copy destination")?;
+    let m = timer.measure(1, |_, _| {
+        copy_async(&timer.stream, &mut dst, &src, COPY_BYTES)
+    })?;
+    Ok(gb_per_s(2 * COPY_BYTES as u64, m.median_us[0]))
+}
+
+// ---------------------------------------------------------------------------------------
+// cuDNN
+// ---------------------------------------------------------------------------------------
+
+fn cudnn_check(status: cudnn_sys::cudnnStatus_t, call: &str) -> Res<()> {
+    if status == cudnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{call}: {status:?}"))
+    }
+}
+
+/// An owned cuDNN object: made by `create`, destroyed once on drop.
+macro_rules! cudnn_object {
+    ($name:ident, $raw:ty, $create:ident, $destroy:ident) => {
+        struct $name($raw);
+
+        impl $name {
+            fn create() -> Res<Self> {
+                let mut raw: $raw = std::ptr::null_mut();
+                // SAFETY: `raw` is a valid out-pointer; on success it holds a new object
+                // that only this wrapper destroys.
+                cudnn_check(unsafe { cudnn_sys::$create(&mut raw) }, stringify!($create))?;
+                Ok(Self(raw))
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: made by `create`, destroyed only here. A failure cannot be reported.
+                let _ = unsafe { cudnn_sys::$destroy(self.0) };
+            }
+        }
+    };
+}
+
+cudnn_object!(
+    CudnnHandle,
+    cudnn_sys::cudnnHandle_t,
+    cudnnCreate,
+    cudnnDestroy
+);
+cudnn_object!(
+    TensorDesc,
+    cudnn_sys::cudnnTensorDescriptor_t,
+    cudnnCreateTensorDescriptor,
+    cudnnDestroyTensorDescriptor
+);
+cudnn_object!(
+    ActDesc,
+    cudnn_sys::cudnnActivationDescriptor_t,
+    cudnnCreateActivationDescriptor,
+    cudnnDestroyActivationDescriptor
+);
+cudnn_object!(
+    OpDesc,
+    cudnn_sys::cudnnOpTensorDescriptor_t,
+    cudnnCreateOpTensorDescriptor,
+    cudnnDestroyOpTensorDescriptor
+);
+cudnn_object!(
+    ReduceDesc,
+    cudnn_sys::cudnnReduceTensorDescriptor_t,
+    cudnnCreateReduceTensorDescriptor,
+    cudnnDestroyReduceTensorDescriptor
+);
+
+/// A cuDNN handle issuing on the oxidnn handle's stream.
+struct Cudnn {
+    handle: CudnnHandle,
+    version: usize,
+    cudart_version: usize,
+}
+
+impl Cudnn {
+    /// Loads libcudnn and makes a handle on `stream`, or says why not.
+    fn open(stream: &CudaStream) -> Res<Self> {
+        // SAFETY: only tries to load the library.
+        if !unsafe { cudnn_sys::is_culib_present() } {
+            return Err(
+                "libcudnn could not be loaded (not installed, or not on the library path)".into(),
+            );
+        }
+        // A library missing a symbol the bindings expect panics at first use: report it.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Self::open_loaded(stream)))
+            .unwrap_or_else(|_| Err("libcudnn lacks a function these bindings need".into()))
+    }
+
+    fn open_loaded(stream: &CudaStream) -> Res<Self> {
+        let version = cudarc::cudnn::result::get_version();
+        if version < 90000 {
+            // The bindings use cuDNN 9's status codes and enums.
+            return Err(format!(
+                "found cuDNN {}, this bench needs cuDNN 9 or newer",
+                version_string(version)
+            ));
+        }
+        let cudart_version = cudarc::cudnn::result::get_cudart_version();
+        let handle = CudnnHandle::create()?;
+        // SAFETY: the handle is live; the stream is a live stream of the current context
+        // (the same context cuDNN's runtime uses: the device's primary context).
+        cudnn_check(
+            unsafe { cudnn_sys::cudnnSetStream(handle.0, stream.cu_stream().cast()) },
+            "cudnnSetStream",
+        )?;
+        Ok(Self {
+            handle,
+            version,
+            cudart_version,
+        })
+    }
+}
+
+/// cuDNN 9 encodes major * 10000 + minor * 100 + patch; older versions major * 1000 + ...
+fn version_string(v: usize) -> String {
+    if v >= 90000 {
+        format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
+    }
+}
+
+fn cudnn_dtype(d: DataType) -> cudnn_sys::cudnnDataType_t {
+    use cudnn_sys::cudnnDataType_t as T;
+    match d {
+        DataType::F32 => T::CUDNN_DATA_FLOAT,
+        DataType::F16 => T::CUDNN_DATA_HALF,
+        DataType::BF16 => T::CUDNN_DATA_BFLOAT16,
+        DataType::F64 => T::CUDNN_DATA_DOUBLE,
+    }
+}
+
+impl TensorDesc {
+    fn new(d: &TensorDescriptor) -> Res<Self> {
+        let to_i32 = |v: &[usize]| -> Res<Vec<i32>> {
+            v.iter()
+                .map(|&x| {
+                    i32::try_from(x).map_err(|_| format!("{d:?} does not fit cuDNN's int dims"))
+                })
+                .collect()
+        };
+        let (dims, strides) = (to_i32(d.dims())?, to_i32(d.strides())?);
+        let desc = Self::create()?;
+        // SAFETY: `desc` is live; `dims` and `strides` hold `rank` values each and outlive the call.
+        let status = unsafe {
+            cudnn_sys::cudnnSetTensorNdDescriptor(
+                desc.0,
+                cudnn_dtype(d.dtype()),
+                dims.len() as i32,
+                dims.as_ptr(),
+                strides.as_ptr(),
+            )
+        };
+        cudnn_check(status, "cudnnSetTensorNdDescriptor")?;
+        Ok(desc)
+    }
+}
+
+/// cuDNN's descriptors of a [`Problem`].
+struct CudnnProblem {
+    x: TensorDesc,
+    channel: TensorDesc,
+    nhwc: TensorDesc,
+    half: TensorDesc,
+    last_reduced: TensorDesc,
+}
+
+impl CudnnProblem {
+    fn new(p: &Problem) -> Res<Self> {
+        Ok(Self {
+            x: TensorDesc::new(&p.x)?,
+            channel: TensorDesc::new(&p.channel)?,
+            nhwc: TensorDesc::new(&p.nhwc)?,
+            half: TensorDesc::new(&p.half)?,
+            last_reduced: TensorDesc::new(&p.last_reduced)?,
+        })
+    }
+
+    fn output(&self, op: Op) -> &TensorDesc {
+        match op {
+            Op::ToNhwc => &self.nhwc,
+            Op::ToF16 => &self.half,
+            Op::SumPerChannel => &self.channel,
+            Op::MaxLastDim => &self.last_reduced,
+            _ => &self.x,
+        }
+    }
+}
+
+/// What cuDNN needs for one op beyond the tensor descriptors.
+enum CudnnPlan {
+    Activation(ActDesc),
+    OpTensor(OpDesc),
+    Reduce {
+        desc: ReduceDesc,
+        workspace: Buffer,
+    },
+    /// add, scale, set and transform take only tensor descriptors.
+    Plain,
+}
+
+/// cuDNN's plan for `op`, or `None` if cuDNN has no such op.
+fn cudnn_plan(cu: &Cudnn, h: &Handle, d: &CudnnProblem, op: Op) -> Res<Option<CudnnPlan>> {
+    use cudnn_sys::cudnnNanPropagation_t::{CUDNN_NOT_PROPAGATE_NAN, CUDNN_PROPAGATE_NAN};
+    Ok(Some(match op {
+        Op::Fwd(a) | Op::Bwd(a) => {
+            let Some((mode, coef)) = a.cudnn() else {
+                return Ok(None);
+            };
+            let desc = ActDesc::create()?;
+            // SAFETY: `desc` is live.
+            let status = unsafe {
+                cudnn_sys::cudnnSetActivationDescriptor(desc.0, mode, CUDNN_NOT_PROPAGATE_NAN, coef)
+            };
+            cudnn_check(status, "cudnnSetActivationDescriptor")?;
+            if a == Act::Swish {
+                // SAFETY: `desc` is live.
+                let status =
+                    unsafe { cudnn_sys::cudnnSetActivationDescriptorSwishBeta(desc.0, coef) };
+                cudnn_check(status, "cudnnSetActivationDescriptorSwishBeta")?;
+            }
+            CudnnPlan::Activation(desc)
+        }
+        Op::TensorAdd | Op::TensorMul => {
+            use cudnn_sys::cudnnOpTensorOp_t::{CUDNN_OP_TENSOR_ADD, CUDNN_OP_TENSOR_MUL};
+            let kind = if op == Op::TensorAdd {
+                CUDNN_OP_TENSOR_ADD
+            } else {
+                CUDNN_OP_TENSOR_MUL
+            };
+            let desc = OpDesc::create()?;
+            // SAFETY: `desc` is live. Compute type float, as oxidnn computes (f16 data too).
+            let status = unsafe {
+                cudnn_sys::cudnnSetOpTensorDescriptor(
+                    desc.0,
+                    kind,
+                    cudnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                    CUDNN_NOT_PROPAGATE_NAN,
+                )
+            };
+            cudnn_check(status, "cudnnSetOpTensorDescriptor")?;
+            CudnnPlan::OpTensor(desc)
+        }
+        Op::SumPerChannel | Op::MaxLastDim => {
+            use cudnn_sys::cudnnReduceTensorOp_t::{
+                CUDNN_REDUCE_TENSOR_ADD, CUDNN_REDUCE_TENSOR_MAX,
+            };
+            let kind = if op == Op::SumPerChannel {
+                CUDNN_REDUCE_TENSOR_ADD
+            } else {
+                CUDNN_REDUCE_TENSOR_MAX
+            };
+            let desc = ReduceDesc::create()?;
+            // SAFETY: `desc` is live. Float compute, NaN propagated, no indices: oxidnn's
+            // reduce_tensor semantics, called without indices.
+            let status = unsafe {
+                cudnn_sys::cudnnSetReduceTensorDescriptor(
+                    desc.0,
+                    kind,
+                    cudnn_sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+                    CUDNN_PROPAGATE_NAN,
+                    cudnn_sys::cudnnReduceTensorIndices_t::CUDNN_REDUCE_TENSOR_NO_INDICES,
+                    cudnn_sys::cudnnIndicesType_t::CUDNN_32BIT_INDICES,
+                )
+            };
+            cudnn_check(status, "cudnnSetReduceTensorDescriptor")?;
+            let mut bytes = 0usize;
+            // SAFETY: every descriptor is live; `bytes` is a valid out-pointer.
+            let status = unsafe {
+                cudnn_sys::cudnnGetReductionWorkspaceSize(
+                    cu.handle.0,
+                    desc.0,
+                    d.x.0,
+                    d.output(op).0,
+                    &mut bytes,
+                )
+            };
+            cudnn_check(status, "cudnnGetReductionWorkspaceSize")?;
+            let workspace = h
+                .alloc_bytes(bytes)
+                .context("allocating cuDNN's reduction workspace")?;
+            CudnnPlan::Reduce { desc, workspace }
+        }
+        Op::AddBias | Op::AddSame | Op::Scale | Op::Set | Op::ToNhwc | Op::ToF16 => {
+            CudnnPlan::Plain
+        }
+    }))
+}
+
+/// A host scalar for cuDNN, aligned for any element type.
+#[repr(C, align(8))]
+struct Scalar([u8; 8]);
+
+impl Scalar {
+    /// alpha / beta: float for f32 and f16 data (cuDNN's rule for non-double tensors).
+    fn f32(v: f64) -> Self {
+        let mut s = Scalar([0; 8]);
+        s.0[..4].copy_from_slice(&(v as f32).to_ne_bytes());
+        s
+    }
+
+    /// cudnnSetTensor's fill value for a `dtype` tensor: double for double tensors, else
+    /// float. (Half bits are read as a float too: cuDNN 9.14 filled zeros when given them.)
+    fn fill_value(dtype: DataType, v: f64) -> Self {
+        if dtype == DataType::F64 {
+            Scalar(v.to_ne_bytes())
+        } else {
+            Scalar::f32(v)
+        }
+    }
+
+    fn ptr(&self) -> *const c_void {
+        self.0.as_ptr().cast()
+    }
+}
+
+fn dev(addr: u64) -> *const c_void {
+    std::ptr::with_exposed_provenance(addr as usize)
+}
+
+fn dev_mut(addr: u64) -> *mut c_void {
+    std::ptr::with_exposed_provenance_mut(addr as usize)
+}
+
+/// Runs `op` through cuDNN on `set`'s buffers.
+///
+/// Invariant behind every unsafe call below: the descriptors in `d` and `plan` are live
+/// and describe `p`; the addresses are `set`'s live buffers, which hold the spans of those
+/// descriptors (`Set::alloc`); cuDNN issues on the oxidnn handle's stream, the only stream
+/// that touches these buffers; the scalars live on the host for the whole call.
+fn run_cudnn(
+    cu: &Cudnn,
+    d: &CudnnProblem,
+    plan: &CudnnPlan,
+    op: Op,
+    p: &Problem,
+    set: &mut Set,
+) -> Res<()> {
+    let h = cu.handle.0;
+    let a = set.addr;
+    let (one, zero) = (Scalar::f32(1.0), Scalar::f32(0.0));
+    let status = match (op, plan) {
+        (Op::Fwd(_), CudnnPlan::Activation(act)) => {
+            // SAFETY: see the invariant above; y = f(x).
+            unsafe {
+                cudnn_sys::cudnnActivationForward(
+                    h,
+                    act.0,
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.x),
+                    zero.ptr(),
+                    d.x.0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::Bwd(_), CudnnPlan::Activation(act)) => {
+            // SAFETY: see the invariant above; y = aux, dy = x2, x = x, dx = out.
+            unsafe {
+                cudnn_sys::cudnnActivationBackward(
+                    h,
+                    act.0,
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.aux),
+                    d.x.0,
+                    dev(a.x2),
+                    d.x.0,
+                    dev(a.x),
+                    zero.ptr(),
+                    d.x.0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::AddBias, CudnnPlan::Plain) => {
+            // SAFETY: see the invariant above; out += bias.
+            unsafe {
+                cudnn_sys::cudnnAddTensor(
+                    h,
+                    one.ptr(),
+                    d.channel.0,
+                    dev(a.bias),
+                    one.ptr(),
+                    d.x.0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::AddSame, CudnnPlan::Plain) => {
+            // SAFETY: see the invariant above; out += x.
+            unsafe {
+                cudnn_sys::cudnnAddTensor(
+                    h,
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.x),
+                    one.ptr(),
+                    d.x.0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::TensorAdd | Op::TensorMul, CudnnPlan::OpTensor(desc)) => {
+            // SAFETY: see the invariant above; out = x op x2.
+            unsafe {
+                cudnn_sys::cudnnOpTensor(
+                    h,
+                    desc.0,
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.x),
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.x2),
+                    zero.ptr(),
+                    d.x.0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::Scale, CudnnPlan::Plain) => {
+            let alpha = Scalar::f32(SCALE_ALPHA);
+            // SAFETY: see the invariant above; out *= alpha in place.
+            unsafe { cudnn_sys::cudnnScaleTensor(h, d.x.0, dev_mut(a.out), alpha.ptr()) }
+        }
+        (Op::Set, CudnnPlan::Plain) => {
+            let value = Scalar::fill_value(p.dtype, SET_VALUE);
+            // SAFETY: see the invariant above; `value` is a host scalar of the type cuDNN reads.
+            unsafe { cudnn_sys::cudnnSetTensor(h, d.x.0, dev_mut(a.out), value.ptr()) }
+        }
+        (Op::ToNhwc | Op::ToF16, CudnnPlan::Plain) => {
+            // SAFETY: see the invariant above; out (NHWC, or f16) = x.
+            unsafe {
+                cudnn_sys::cudnnTransformTensor(
+                    h,
+                    one.ptr(),
+                    d.x.0,
+                    dev(a.x),
+                    zero.ptr(),
+                    d.output(op).0,
+                    dev_mut(a.out),
+                )
+            }
+        }
+        (Op::SumPerChannel | Op::MaxLastDim, CudnnPlan::Reduce { desc, workspace }) => {
+            let alpha = Scalar::f32(op.alpha(p));
+            let ws = device_address(workspace)?;
+            // SAFETY: see the invariant above; small = alpha * reduce(x); the workspace
+            // holds the size cuDNN asked for; no indices are requested.
+            unsafe {
+                cudnn_sys::cudnnReduceTensor(
+                    h,
+                    desc.0,
+                    std::ptr::null_mut(),
+                    0,
+                    dev_mut(ws),
+                    workspace.len_bytes(),
+                    alpha.ptr(),
+                    d.x.0,
+                    dev(a.x),
+                    zero.ptr(),
+                    d.output(op).0,
+                    dev_mut(a.small),
+                )
+            }
+        }
+        _ => return Err(format!("internal: no cuDNN call for {op:?} with this plan")),
+    };
+    cudnn_check(status, &op.name())
+}
+
+// ---------------------------------------------------------------------------------------
+// oxidnn
+// ---------------------------------------------------------------------------------------
+
+/// What oxidnn needs for one op beyond the problem.
+struct OxidnnPlan {
+    act: Option<ActivationDescriptor>,
+    reduce: Option<ReduceTensorDescriptor>,
+    workspace: Buffer,
+}
+
+fn oxidnn_plan(h: &Handle, p: &Problem, op: Op) -> oxidnn::Result<OxidnnPlan> {
+    let act = match op {
+        Op::Fwd(a) | Op::Bwd(a) => Some(a.oxidnn()?),
+        _ => None,
+    };
+    let reduce = op.reduction().map(ReduceTensorDescriptor::new);
+    let ws_bytes = match &reduce {
+        Some(r) => reduce_tensor_workspace_size(h, r, &p.x, &op.output(p).1)?,
+        None => 0,
+    };
+    Ok(OxidnnPlan {
+        act,
+        reduce,
+        workspace: h.alloc_bytes(ws_bytes)?,
+    })
+}
+
+/// Runs `op` through oxidnn on `set`'s buffers (the same calls `run_cudnn` makes).
+fn run_oxidnn(
+    h: &Handle,
+    plan: &mut OxidnnPlan,
+    op: Op,
+    p: &Problem,
+    set: &mut Set,
+) -> oxidnn::Result<()> {
+    let x = &p.x;
+    let missing = || oxidnn::Error::NotSupported {
+        message: "internal: plan lacks a descriptor".into(),
+    };
+    match op {
+        Op::Fwd(_) => {
+            let act = plan.act.as_ref().ok_or_else(missing)?;
+            activation_forward(h, act, 1.0, x, &set.x, 0.0, x, &mut set.out)
+        }
+        Op::Bwd(_) => {
+            let act = plan.act.as_ref().ok_or_else(missing)?;
+            activation_backward(
+                h,
+                act,
+                1.0,
+                x,
+                &set.aux,
+                x,
+                &set.x2,
+                x,
+                &set.x,
+                0.0,
+                x,
+                &mut set.out,
+            )
+        }
+        Op::AddBias => add_tensor(h, 1.0, &p.channel, &set.bias, 1.0, x, &mut set.out),
+        Op::AddSame => add_tensor(h, 1.0, x, &set.x, 1.0, x, &mut set.out),
+        Op::TensorAdd | Op::TensorMul => {
+            let kind = if op == Op::TensorAdd {
+                OpTensorOp::Add
+            } else {
+                OpTensorOp::Mul
+            };
+            op_tensor(
+                h,
+                kind,
+                1.0,
+                x,
+                &set.x,
+                1.0,
+                x,
+                &set.x2,
+                0.0,
+                x,
+                &mut set.out,
+            )
+        }
+        Op::Scale => scale_tensor(h, x, &mut set.out, SCALE_ALPHA),
+        Op::Set => set_tensor(h, x, &mut set.out, SET_VALUE),
+        Op::ToNhwc => transform_tensor(h, 1.0, x, &set.x, 0.0, &p.nhwc, &mut set.out),
+        Op::ToF16 => transform_tensor(h, 1.0, x, &set.x, 0.0, &p.half, &mut set.out),
+        Op::SumPerChannel | Op::MaxLastDim => {
+            let red = plan.reduce.as_ref().ok_or_else(missing)?;
+            let y = op.output(p).1;
+            reduce_tensor(
+                h,
+                red,
+                None,
+                &mut plan.workspace,
+                op.alpha(p),
+                x,
+                &set.x,
+                0.0,
+                &y,
+                &mut set.small,
+            )
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Running a case
+// ---------------------------------------------------------------------------------------
+
+/// Everything that lives for the whole run. cuDNN comes first so its handle is destroyed
+/// before the stream and context it uses.
+struct Bench {
+    cudnn: Option<Cudnn>,
+    timer: Timer,
+    handle: Handle,
+    stream: Arc<CudaStream>,
+    copy_gbps: f64,
+    rotation_bytes: usize,
+}
+
+/// The buffers of one shape and dtype: `sets` rotate so that small problems miss L2.
+struct Group {
+    p: Problem,
+    sets: Vec<Set>,
+    /// cuDNN's descriptors, or why there are none.
+    cudnn: Result<CudnnProblem, String>,
+}
+
+impl Group {
+    fn new(b: &Bench, dtype: DataType, dims: [usize; 4]) -> Res<Self> {
+        let p = Problem::new(dtype, dims).context("describing the problem")?;
+        let first = Set::alloc(&b.handle, &p)?;
+        let count = b.rotation_bytes.div_ceil(first.bytes()).max(1);
+        let mut sets = vec![first];
+        for _ in 1..count {
+            sets.push(Set::alloc(&b.handle, &p)?);
+        }
+        let seed = dims.iter().fold(dtype.size_bytes() as u64, |s, &d| {
+            s.wrapping_mul(31).wrapping_add(d as u64)
+        });
+        let elements = p.x.element_count();
+        let x = random_bytes(dtype, elements, seed);
+        let x2 = random_bytes(dtype, elements, seed ^ 0x5555);
+        let bias = random_bytes(dtype, p.channel.element_count(), seed ^ 0xAAAA);
+        for set in &mut sets {
+            b.handle
+                .write_bytes(&mut set.x, &x)
+                .context("uploading x")?;
+            b.handle
+                .write_bytes(&mut set.x2, &x2)
+                .context("uploading x2")?;
+            b.handle
+                .write_bytes(&mut set.bias, &bias)
+                .context("uploading the bias")?;
+        }
+        let cudnn = match &b.cudnn {
+            Some(_) => CudnnProblem::new(&p),
+            None => Err("cuDNN not loaded".into()),
+        };
+        Ok(Self { p, sets, cudnn })
+    }
+}
+
+/// A library's time for one row.
+enum Timing {
+    Us(f64),
+    /// The library has no such op, or could not run it (reason in the row's notes).
+    Missing,
+}
+
+enum Check {
+    Ok(f64),
+    Mismatch(f64),
+    /// No cuDNN result to compare with.
+    NoReference,
+    /// oxidnn failed.
+    Error,
+}
+
+struct Row {
+    op: Op,
+    dtype: String,
+    shape: String,
+    bytes: u64,
+    oxidnn: Timing,
+    cudnn: Timing,
+    check: Check,
+    notes: Vec<String>,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        match (&self.oxidnn, &self.cudnn) {
+            (Timing::Us(o), Timing::Us(c)) => Some(c / o),
+            _ => None,
+        }
+    }
+}
+
+/// Resets what `op` reads or accumulates into, and poisons what it overwrites.
+fn prepare(b: &Bench, op: Op, p: &Problem, set: &mut Set, ox: &OxidnnPlan) -> Res<()> {
+    let s = &b.stream;
+    let bytes = p.x.size_bytes();
+    match op {
+        Op::AddBias | Op::AddSame => copy_async(s, &mut set.out, &set.x2, bytes),
+        Op::Scale => copy_async(s, &mut set.out, &set.x, bytes),
+        Op::Bwd(_) => {
+            let act = ox.act.as_ref().ok_or("internal: no activation")?;
+            activation_forward(&b.handle, act, 1.0, &p.x, &set.x, 0.0, &p.x, &mut set.aux)
+                .context("computing y for backward")?;
+            poison_async(s, &mut set.out)
+        }
+        _ => poison_async(s, set.slot_mut(op.output(p).0)),
+    }
+}
+
+/// The output of one run on set 0, as bytes.
+fn output_bytes(b: &Bench, op: Op, p: &Problem, set: &Set) -> Res<Vec<u8>> {
+    let (slot, desc) = op.output(p);
+    let mut bytes = b
+        .handle
+        .read_bytes(set.slot(slot))
+        .context("reading the output")?;
+    bytes.truncate(desc.size_bytes());
+    Ok(bytes)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Oxidnn,
+    Cudnn,
+}
+
+fn run_case(b: &Bench, g: &mut Group, op: Op) -> Row {
+    let p = &g.p;
+    let mut row = Row {
+        op,
+        dtype: op.dtype_label(p.dtype),
+        shape: shape_string(&p.dims),
+        bytes: op.bytes_moved(p),
+        oxidnn: Timing::Missing,
+        cudnn: Timing::Missing,
+        check: Check::Error,
+        notes: vec![],
+    };
+    let mut ox = match oxidnn_plan(&b.handle, p, op) {
+        Ok(plan) => plan,
+        Err(e) => {
+            row.notes.push(format!("oxidnn: {e}"));
+            return row;
+        }
+    };
+    let cu = match (&b.cudnn, &g.cudnn) {
+        (Some(cu), Ok(d)) => match cudnn_plan(cu, &b.handle, d, op) {
+            Ok(Some(plan)) => Some((cu, d, plan)),
+            Ok(None) => None,
+            Err(e) => {
+                row.notes.push(format!("cuDNN: {e}"));
+                None
+            }
+        },
+        (Some(_), Err(e)) => {
+            row.notes.push(format!("cuDNN: {e}"));
+            None
+        }
+        (None, _) => None,
+    };
+
+    // Check: one run of each library on set 0, from the same starting state.
+    let set0 = &mut g.sets[0];
+    let ox_out = prepare(b, op, p, set0, &ox)
+        .and_then(|()| run_oxidnn(&b.handle, &mut ox, op, p, set0).context("oxidnn"))
+        .and_then(|()| output_bytes(b, op, p, set0));
+    let cu_out = cu.as_ref().map(|(cu, d, plan)| {
+        prepare(b, op, p, set0, &ox)
+            .and_then(|()| run_cudnn(cu, d, plan, op, p, set0).context("cuDNN"))
+            .and_then(|()| output_bytes(b, op, p, set0))
+    });
+    let mut sides = vec![];
+    match &ox_out {
+        Ok(_) => sides.push(Side::Oxidnn),
+        Err(e) => row.notes.push(e.clone()),
+    }
+    match &cu_out {
+        Some(Ok(_)) => sides.push(Side::Cudnn),
+        Some(Err(e)) => row.notes.push(e.clone()),
+        None => {}
+    }
+    row.check = match (&ox_out, &cu_out) {
+        (Ok(got), Some(Ok(want))) => {
+            let dtype = op.output(p).1.dtype();
+            let err = relative_error(dtype, got, want);
+            if err < tolerance(dtype) {
+                Check::Ok(err)
+            } else {
+                Check::Mismatch(err)
+            }
+        }
+        (Ok(_), _) => Check::NoReference,
+        (Err(_), _) => Check::Error,
+    };
+    if sides.is_empty() {
+        return row;
+    }
+
+    // Time: both libraries alternate call by call, each call on the next buffer set.
+    let timed = g
+        .sets
+        .iter_mut()
+        .try_for_each(|set| prepare(b, op, p, set, &ox))
+        .and_then(|()| {
+            let count = g.sets.len();
+            b.timer.measure(sides.len(), |side, invocation| {
+                let set = &mut g.sets[invocation % count];
+                match (sides[side], &cu) {
+                    (Side::Oxidnn, _) => {
+                        run_oxidnn(&b.handle, &mut ox, op, p, set).context("oxidnn")
+                    }
+                    (Side::Cudnn, Some((cu, d, plan))) => run_cudnn(cu, d, plan, op, p, set),
+                    (Side::Cudnn, None) => Err("internal: cuDNN side without a plan".into()),
+                }
+            })
+        });
+    match timed {
+        Ok(m) => {
+            for (side, us) in sides.iter().zip(&m.median_us) {
+                match side {
+                    Side::Oxidnn => row.oxidnn = Timing::Us(*us),
+                    Side::Cudnn => row.cudnn = Timing::Us(*us),
+                }
+            }
+            if !m.gated {
+                row.notes
+                    .push("stream gate timed out: times may include host launch overhead".into());
+            }
+        }
+        Err(e) => row.notes.push(format!("timing failed: {e}")),
+    }
+    row
+}
+
+// ---------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------
+
+const CSV_HEADER: &str =
+    "op,dtype,shape,bytes_moved,oxidnn_us,oxidnn_gbps,pct_copy_bw,cudnn_us,cudnn_gbps,ratio_cudnn_over_oxidnn,check,rel_err";
+
+struct Report {
+    rows: Vec<Row>,
+    csv: Option<(String, std::io::BufWriter<std::fs::File>)>,
+    copy_gbps: f64,
+}
+
+fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+impl Report {
+    fn new(copy_gbps: f64) -> Self {
+        let path = std::env::var("OXIDNN_BENCH_CSV").unwrap_or_else(|_| "bench-results.csv".into());
+        let csv = match std::fs::File::create(&path) {
+            Ok(f) => {
+                let mut w = std::io::BufWriter::new(f);
+                match writeln!(w, "{CSV_HEADER}") {
+                    Ok(()) => Some((path, w)),
+                    Err(e) => {
+                        eprintln!("vs_cudnn: writing {path}: {e}; no CSV");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("vs_cudnn: creating {path}: {e}; no CSV");
+                None
+            }
+        };
+        Self {
+            rows: vec![],
+            csv,
+            copy_gbps,
+        }
+    }
+
+    fn print_header(&self) {
+        println!(
+            "{:<20} {:<8} {:<15} {:>9} {:>10} {:>7} {:>6} {:>10} {:>7} {:>7}  check",
+            "op",
+            "dtype",
+            "shape",
+            "MB moved",
+            "oxidnn us",
+            "GB/s",
+            "%copy",
+            "cuDNN us",
+            "GB/s",
+            "cu/ox"
+        );
+    }
+
+    fn add(&mut self, row: Row) {
+        let us = |t: &Timing| match t {
+            Timing::Us(us) => Some(*us),
+            Timing::Missing => None,
+        };
+        let (ox_us, cu_us) = (us(&row.oxidnn), us(&row.cudnn));
+        let ox_gbps = ox_us.map(|t| gb_per_s(row.bytes, t));
+        let cu_gbps = cu_us.map(|t| gb_per_s(row.bytes, t));
+        let pct = ox_gbps.map(|g| 100.0 * g / self.copy_gbps);
+        let (check, err) = match row.check {
+            Check::Ok(e) => ("ok", Some(e)),
+            Check::Mismatch(e) => ("MISMATCH", Some(e)),
+            Check::NoReference => ("unchecked", None),
+            Check::Error => ("error", None),
+        };
+        let err_text = err.map_or_else(String::new, |e| format!("{e:.1e}"));
+        println!(
+            "{:<20} {:<8} {:<15} {:>9.1} {:>10} {:>7} {:>6} {:>10} {:>7} {:>7}  {check} {err_text}",
+            row.op.name(),
+            row.dtype,
+            row.shape,
+            row.bytes as f64 / 1e6,
+            fmt_opt(ox_us, 1),
+            fmt_opt(ox_gbps, 0),
+            fmt_opt(pct, 1),
+            fmt_opt(cu_us, 1),
+            fmt_opt(cu_gbps, 0),
+            fmt_opt(row.ratio(), 2),
+        );
+        for note in &row.notes {
+            println!("    ! {note}");
+        }
+        if let Some((path, w)) = &mut self.csv {
+            let cell = |v: Option<f64>| v.map_or_else(String::new, |v| format!("{v:.4}"));
+            let line = format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{}",
+                row.op.name(),
+                row.dtype,
+                row.shape,
+                row.bytes,
+                cell(ox_us),
+                cell(ox_gbps),
+                cell(pct),
+                cell(cu_us),
+                cell(cu_gbps),
+                cell(row.ratio()),
+                check,
+                err.map_or_else(String::new, |e| format!("{e:e}")),
+            );
+            if let Err(e) = writeln!(w, "{line}").and_then(|()| w.flush()) {
+                eprintln!("vs_cudnn: writing {path}: {e}; CSV stopped");
+                self.csv = None;
+            }
+        }
+        let _ = std::io::stdout().flush();
+        self.rows.push(row);
+    }
+
+    fn print_summary(&self, device: &str) {
+        println!();
+        println!("summary: geometric mean of cuDNN time / oxidnn time (> 1: oxidnn faster), rows that passed the check");
+        let mut families: Vec<&str> = vec![];
+        for row in &self.rows {
+            if !families.contains(&row.op.family()) {
+                families.push(row.op.family());
+            }
+        }
+        let ratios = |family: Option<&str>| -> Vec<f64> {
+            self.rows
+                .iter()
+                .filter(|r| {
+                    family.is_none_or(|f| r.op.family() == f) && matches!(r.check, Check::Ok(_))
+                })
+                .filter_map(Row::ratio)
+                .collect()
+        };
+        let line = |name: &str, v: &[f64]| {
+            if v.is_empty() {
+                println!("  {name:<14} {:>4} rows   n/a", 0);
+            } else {
+                let geomean = (v.iter().map(|r| r.ln()).sum::<f64>() / v.len() as f64).exp();
+                let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                println!(
+                    "  {name:<14} {:>4} rows   geomean {geomean:.3}   (min {min:.2}, max {max:.2})",
+                    v.len()
+                );
+            }
+        };
+        for family in &families {
+            line(family, &ratios(Some(family)));
+        }
+        line("all", &ratios(None));
+        let count = |f: fn(&Check) -> bool| self.rows.iter().filter(|r| f(&r.check)).count();
+        let mismatches = count(|c| matches!(c, Check::Mismatch(_)));
+        let errors = count(|c| matches!(c, Check::Error));
+        println!(
+            "  rows: {}, MISMATCH: {mismatches}, oxidnn errors: {errors}",
+            self.rows.len()
+        );
+        println!("  copy bandwidth: {:.0} GB/s", self.copy_gbps);
+        println!("  device: {device}");
+        if let Some((path, _)) = &self.csv {
+            println!("  CSV: {path}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// main
+// ---------------------------------------------------------------------------------------
+
+struct Args {
+    filter: Option<String>,
+    quick: bool,
+}
+
+impl Args {
+    fn parse() -> Self {
+        // `cargo bench` passes `--bench`; flags are not filters.
+        let filter = std::env::args().skip(1).find(|a| !a.starts_with("--"));
+        let quick = std::env::var("OXIDNN_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        Self { filter, quick }
+    }
+
+    fn selects(&self, dims: &[usize; 4], dtype: DataType, op: Op) -> bool {
+        if !op.applies_to(dtype) {
+            return false;
+        }
+        if self.quick && (*dims != QUICK_SHAPE || !QUICK_OPS.contains(&op)) {
+            return false;
+        }
+        let key = format!(
+            "{} {} {}",
+            op.name(),
+            op.dtype_label(dtype),
+            shape_string(dims)
+        );
+        self.filter
+            .as_ref()
+            .is_none_or(|f| key.contains(f.as_str()))
+    }
+}
+
+fn driver_version() -> String {
+    let mut v = 0i32;
+    // SAFETY: `v` is a valid out-pointer; the driver library is loaded (a handle exists).
+    match unsafe { cu_sys::cuDriverGetVersion(&mut v) }.result() {
+        Ok(()) => format!("{}.{}", v / 1000, v % 1000 / 10),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
+fn run() -> Res<()> {
+    let started = Instant::now();
+    let args = Args::parse();
+    let handle = match Handle::new() {
+        Ok(h) => h,
+        Err(oxidnn::Error::NoGpu { reason }) => {
+            println!("vs_cudnn: no usable GPU, nothing to measure ({reason})");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("opening GPU 0: {e}")),
+    };
+    let stream = Arc::clone(handle.stream().ok_or("the GPU handle has no stream")?);
+    let ctx = stream.context();
+    ctx.bind_to_thread().context("cuCtxSetCurrent")?;
+    let attr = |a| ctx.attribute(a).unwrap_or(0);
+    let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
+    let sms = attr(cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    let l2 = usize::try_from(attr(
+        cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+    ))
+    .unwrap_or(0);
+    let memory = ctx.total_mem().unwrap_or(0);
+    let device = handle.device_name();
+    println!("oxidnn vs cuDNN");
+    println!(
+        "device: {device} (sm_{major}{minor}, {sms} SMs, {:.1} GiB, L2 {} MiB), CUDA driver {}",
+        memory as f64 / (1u64 << 30) as f64,
+        l2 >> 20,
+        driver_version()
+    );
+    let cudnn = match Cudnn::open(&stream) {
+        Ok(cu) => {
+            println!(
+                "cuDNN {} (built for CUDA runtime {}.{})",
+                version_string(cu.version),
+                cu.cudart_version / 1000,
+                cu.cudart_version % 1000 / 10
+            );
+            Some(cu)
+        }
+        Err(why) => {
+            println!("cuDNN: NOT AVAILABLE ({why}); timing oxidnn only, outputs unchecked");
+            None
+        }
+    };
+    let timer = Timer::new(&stream)?;
+    let mut bench = Bench {
+        cudnn,
+        timer,
+        handle,
+        stream,
+        copy_gbps: 0.0,
+        rotation_bytes: ROTATION_MIN_BYTES.max(4 * l2),
+    };
+    bench.copy_gbps = copy_bandwidth(&bench.handle, &bench.timer)?;
+    println!(
+        "timing: CUDA events per call on the handle's stream; {WARMUP} warm-up + {RUNS} timed calls per library, median; \
+         calls queued behind a stream gate (device time); oxidnn and cuDNN alternate; buffer sets rotate over >= {} MiB",
+        bench.rotation_bytes >> 20
+    );
+    println!(
+        "copy bandwidth (cuMemcpyDtoDAsync, 1 GiB, read + write bytes): {:.0} GB/s",
+        bench.copy_gbps
+    );
+    if args.quick {
+        println!("OXIDNN_BENCH_QUICK: a few rows only");
+    }
+    if let Some(f) = &args.filter {
+        println!("filter: rows containing {f:?}");
+    }
+    println!();
+
+    let mut report = Report::new(bench.copy_gbps);
+    report.print_header();
+    for dims in SHAPES {
+        for dtype in DTYPES {
+            let ops: Vec<Op> = OPS
+                .iter()
+                .copied()
+                .filter(|&op| args.selects(&dims, dtype, op))
+                .collect();
+            if ops.is_empty() {
+                continue;
+            }
+            let mut group = match Group::new(&bench, dtype, dims) {
+                Ok(g) => g,
+                Err(e) => {
+                    println!("    ! {dtype} {}: skipped: {e}", shape_string(&dims));
+                    continue;
+                }
+            };
+            for op in ops {
+                report.add(run_case(&bench, &mut group, op));
+            }
+            // Outstanding work must finish before the buffers are freed.
+            bench.timer.synchronize()?;
+        }
+    }
+    if report.rows.is_empty() {
+        println!("no rows match the filter");
+    }
+    report.print_summary(&device);
+    println!("  wall time: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -31,6 +31,8 @@ if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
   done
 fi
 strip "$out"/tests/* "$out"/oxidnn-demo "$out"/vs_cudnn 2>/dev/null || true
+# The embedded PTX makes each binary ~10 MB; compressed, all of them travel in a few MB.
+(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $( [ -f vs_cudnn ] && echo vs_cudnn ) && rm -rf tests oxidnn-demo vs_cudnn)
 cp scripts/run-all.sh "$out/run-all.sh"
 du -sh "$out"
-ls -l "$out" "$out/tests"
+tar -tJf "$out/bundle.tar.xz"

@@ -5,18 +5,26 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$here/logs}"
+if [ -f "$here/bundle.tar.xz" ]; then
+  work=$(mktemp -d)
+  tar -xJf "$here/bundle.tar.xz" -C "$work"
+  here="$work"
+fi
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$logs/gpu.txt"
 passed=0; failed=0; status=0
 for t in "$here"/tests/*; do
   name=$(basename "$t")
-  "$t" --test-threads=4 >"$logs/test-$name.log" 2>&1
+  log="$logs/test-$name.tmp"
+  "$t" --test-threads=4 >"$log" 2>&1
   rc=$?
-  p=$(grep -Eo '[0-9]+ passed' "$logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
-  f=$(grep -Eo '[0-9]+ failed' "$logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
-  skipped=$(grep -c '^skipped ' "$logs/test-$name.log" || true)
+  p=$(grep -Eo '[0-9]+ passed' "$log" | awk '{s+=$1} END {print s+0}')
+  f=$(grep -Eo '[0-9]+ failed' "$log" | awk '{s+=$1} END {print s+0}')
+  skipped=$(grep -c '^skipped ' "$log" || true)
   echo "test binary $name: $p passed, $f failed, $skipped skipped (rc $rc)"
-  [ "$rc" -ne 0 ] && { status=1; grep -E "panicked|FAILED|rel error|left:|right:" "$logs/test-$name.log" | head -20; }
+  [ "$rc" -ne 0 ] && { status=1; grep -E "panicked|FAILED|rel error|left:|right:|minimal failing" -A2 "$log" | head -30; }
+  { echo "=== $name"; cat "$log"; } >>"$logs/tests.log"
+  rm -f "$log"
   passed=$((passed + p)); failed=$((failed + f))
 done
 echo "ALL TESTS: $passed passed, $failed failed"

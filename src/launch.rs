@@ -130,6 +130,27 @@ impl Gpu {
         // SAFETY: the module is loaded for the life of `self`.
         let raw = unsafe { result::module::get_function(self.module.raw, cname) }
             .map_err(|e| Error::driver("cuModuleGetFunction", e))?;
+        // Kernels that tile through shared memory run more blocks per SM with the largest
+        // shared-memory carveout (L1 matters little to them).
+        // SAFETY: `raw` is a valid function of the loaded module.
+        let smem = unsafe {
+            result::function::get_function_attribute(
+                raw,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+        }
+        .map_err(|e| Error::driver("cuFuncGetAttribute", e))?;
+        if smem >= 4096 {
+            // SAFETY: as above; 100 = the maximum shared-memory carveout, in percent.
+            unsafe {
+                result::function::set_function_attribute(
+                    raw,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    100,
+                )
+            }
+            .map_err(|e| Error::driver("cuFuncSetAttribute", e))?;
+        }
         let f = Function(raw);
         cache.insert(name, f);
         Ok(f)

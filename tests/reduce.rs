@@ -151,6 +151,35 @@ fn gpu_long_reductions_take_the_split_path() {
 }
 
 #[test]
+fn gpu_rows_and_columns_of_every_length() {
+    with_gpu("gpu_rows_and_columns_of_every_length", |h| {
+        for dt in DataType::GPU {
+            for len in [2usize, 3, 17, 33, 56, 64, 100, 1000, 9000] {
+                for op in [
+                    ReduceOp::Add,
+                    ReduceOp::Max,
+                    ReduceOp::Amax,
+                    ReduceOp::Norm2,
+                ] {
+                    // Rows (grouped lanes per output) and columns (a thread per output).
+                    let rows = (
+                        TensorDescriptor::packed(dt, &[300, len]).unwrap(),
+                        TensorDescriptor::packed(dt, &[300, 1]).unwrap(),
+                    );
+                    let cols = (
+                        TensorDescriptor::packed(dt, &[len, 300]).unwrap(),
+                        TensorDescriptor::packed(dt, &[1, 300]).unwrap(),
+                    );
+                    for (xd, yd) in [rows, cols] {
+                        run(h, op, xd, yd, (1.0, 0.0), len as u64);
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn bad_inputs_are_rejected_with_typed_errors() {
     let cpu = Handle::cpu();
     let mut handles = vec![&cpu];

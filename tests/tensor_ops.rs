@@ -144,13 +144,67 @@ proptest! {
 }
 
 #[test]
+fn gpu_bias_broadcasts_match_reference_in_every_layout() {
+    with_gpu("gpu_bias_broadcasts_match_reference_in_every_layout", |h| {
+        for dt in DataType::GPU {
+            for (n, c, hw) in [(2, 64, 8), (2, 3, 5), (3, 64, 7), (1, 16, 1)] {
+                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                    let cd = TensorDescriptor::nchw_with(dt, n, c, hw, hw, layout).unwrap();
+                    let bd = TensorDescriptor::nchw(dt, 1, c, 1, 1).unwrap();
+                    let mut r = rng((n * c * hw) as u64);
+                    let (bt, c0, at) = (
+                        random(bd, -2.0, 2.0, &mut r),
+                        random(cd, -1.0, 1.0, &mut r),
+                        random(cd, -1.0, 1.0, &mut r),
+                    );
+                    let b = upload_poisoned(h, &bt, false);
+                    let mut y = upload_poisoned(h, &c0, false);
+                    add_tensor(h, 1.0, &bd, &b, 1.0, &cd, &mut y).unwrap();
+                    let mut want = c0.clone();
+                    reference::add_tensor(1.0, &bt, 1.0, &mut want);
+                    check(h, &cd, &y, &want, bound(dt), "bias add");
+
+                    let a = upload_poisoned(h, &at, false);
+                    let mut y = upload_poisoned(h, &c0, true);
+                    op_tensor(
+                        h,
+                        OpTensorOp::Mul,
+                        1.0,
+                        &cd,
+                        &a,
+                        2.0,
+                        &bd,
+                        &b,
+                        0.0,
+                        &cd,
+                        &mut y,
+                    )
+                    .unwrap();
+                    let mut want = c0.clone();
+                    reference::op_tensor(OpTensorOp::Mul, 1.0, &at, 2.0, Some(&bt), 0.0, &mut want);
+                    check(h, &cd, &y, &want, bound(dt), "broadcast mul");
+                }
+            }
+        }
+    });
+}
+
+#[test]
 fn gpu_transposes_resnet_like_shapes_exactly() {
     with_gpu("gpu_transposes_resnet_like_shapes_exactly", |h| {
-        for (n, c, hw) in [(2, 64, 56), (3, 3, 33), (1, 256, 7), (2, 37, 41)] {
+        for (n, c, hw) in [
+            (2, 64, 56),
+            (3, 3, 33),
+            (1, 256, 7),
+            (2, 37, 41),
+            (2, 10, 14),
+        ] {
             for (from, to) in [
                 (DataType::F32, DataType::F32),
                 (DataType::F32, DataType::F16),
                 (DataType::BF16, DataType::F32),
+                (DataType::F16, DataType::F16),
+                (DataType::BF16, DataType::F16),
             ] {
                 let xd = TensorDescriptor::nchw(from, n, c, hw, hw).unwrap();
                 let yd = TensorDescriptor::nhwc(to, n, c, hw, hw).unwrap();

@@ -7,7 +7,7 @@
 
 use crate::element::Element;
 use crate::elementwise::{map_packed, map_strided};
-use crate::math::{erf, exp, ln_1p, sigmoid, tanh};
+use crate::math::{exp, ln_1p, one_plus_erf, sech2, sigmoid, sigmoid_derivative, tanh};
 use oxidnn_params::{ActivationBwdParams, ActivationFwdParams, ActivationKind};
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_56;
@@ -15,9 +15,10 @@ const GELU_TANH_CUBIC: f32 = 0.044_715;
 const FRAC_1_SQRT_2: f32 = core::f32::consts::FRAC_1_SQRT_2;
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
-/// `f(x)` of one activation kind with its coefficient.
+/// `f(x)` of one activation kind with its coefficient; `low` allows approximations good to
+/// about 2^-11 relative (for 16-bit results).
 #[inline(always)]
-pub fn forward(kind: ActivationKind, coef: f32, x: f32) -> f32 {
+pub fn forward(kind: ActivationKind, coef: f32, x: f32, low: bool) -> f32 {
     match kind {
         ActivationKind::Identity => x,
         ActivationKind::Relu => relu(x),
@@ -44,20 +45,20 @@ pub fn forward(kind: ActivationKind, coef: f32, x: f32) -> f32 {
             }
         }
         ActivationKind::Sigmoid => sigmoid(x),
-        ActivationKind::Tanh => tanh(x),
+        ActivationKind::Tanh => tanh(x, low),
         ActivationKind::Swish => x * sigmoid(coef * x),
-        ActivationKind::GeluErf => 0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2)),
+        ActivationKind::GeluErf => 0.5 * x * one_plus_erf(x * FRAC_1_SQRT_2),
         ActivationKind::GeluTanh => {
             let u = SQRT_2_OVER_PI * (x + GELU_TANH_CUBIC * x * x * x);
-            0.5 * x * (1.0 + tanh(u))
+            0.5 * x * (1.0 + tanh(u, low))
         }
-        ActivationKind::Softplus => relu(x) + ln_1p(exp(-x.abs())),
+        ActivationKind::Softplus => relu(x) + ln_1p(exp(-x.abs()), low),
     }
 }
 
-/// `f'(x)`.
+/// `f'(x)`; `low` as for [`forward`].
 #[inline(always)]
-pub fn derivative(kind: ActivationKind, coef: f32, x: f32) -> f32 {
+pub fn derivative(kind: ActivationKind, coef: f32, x: f32, low: bool) -> f32 {
     match kind {
         ActivationKind::Identity => 1.0,
         ActivationKind::Relu => step(x > 0.0),
@@ -76,28 +77,18 @@ pub fn derivative(kind: ActivationKind, coef: f32, x: f32) -> f32 {
                 coef * exp(x)
             }
         }
-        ActivationKind::Sigmoid => {
-            let s = sigmoid(x);
-            s * (1.0 - s)
-        }
-        ActivationKind::Tanh => {
-            let t = tanh(x);
-            1.0 - t * t
-        }
-        ActivationKind::Swish => {
-            let s = sigmoid(coef * x);
-            s + coef * x * s * (1.0 - s)
-        }
+        ActivationKind::Sigmoid => sigmoid_derivative(x),
+        ActivationKind::Tanh => sech2(x),
+        ActivationKind::Swish => sigmoid(coef * x) + coef * x * sigmoid_derivative(coef * x),
         ActivationKind::GeluErf => {
-            let cdf = 0.5 * (1.0 + erf(x * FRAC_1_SQRT_2));
+            let cdf = 0.5 * one_plus_erf(x * FRAC_1_SQRT_2);
             cdf + x * FRAC_1_SQRT_2PI * exp(-0.5 * x * x)
         }
         ActivationKind::GeluTanh => {
             let x2 = x * x;
             let u = SQRT_2_OVER_PI * (x + GELU_TANH_CUBIC * x2 * x);
-            let t = tanh(u);
             let du = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_TANH_CUBIC * x2);
-            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du
+            0.5 * (1.0 + tanh(u, low)) + 0.5 * x * sech2(u) * du
         }
         ActivationKind::Softplus => sigmoid(x),
     }
@@ -190,7 +181,7 @@ macro_rules! with_kind {
 unsafe fn fwd_packed<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_packed::<T, T, 1>(p.len, [x], y, p.beta != 0.0, |[xv], old| {
-            blend(p.alpha, forward(K, p.coef, xv), p.beta, || old)
+            blend(p.alpha, forward(K, p.coef, xv, T::LOW_PRECISION), p.beta, || old)
         })
     })
 }
@@ -199,7 +190,7 @@ unsafe fn fwd_packed<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T
 unsafe fn fwd_strided<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_strided::<T, T, 1, 2>(p.len, &p.map, [x], y, p.beta != 0.0, |[xv], old| {
-            blend(p.alpha, forward(K, p.coef, xv), p.beta, || old)
+            blend(p.alpha, forward(K, p.coef, xv, T::LOW_PRECISION), p.beta, || old)
         })
     })
 }
@@ -208,7 +199,7 @@ unsafe fn fwd_strided<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut 
 unsafe fn bwd_packed<T: Element>(p: &ActivationBwdParams, dy: *const T, x: *const T, dx: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_packed::<T, T, 2>(p.len, [dy, x], dx, p.beta != 0.0, |[dyv, xv], old| {
-            blend(p.alpha, derivative(K, p.coef, xv) * dyv, p.beta, || old)
+            blend(p.alpha, derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv, p.beta, || old)
         })
     })
 }
@@ -222,7 +213,7 @@ unsafe fn bwd_strided<T: Element>(p: &ActivationBwdParams, dy: *const T, x: *con
             [dy, x],
             dx,
             p.beta != 0.0,
-            |[dyv, xv], old| blend(p.alpha, derivative(K, p.coef, xv) * dyv, p.beta, || old),
+            |[dyv, xv], old| blend(p.alpha, derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv, p.beta, || old),
         )
     })
 }

@@ -118,14 +118,17 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))
 }
 
-/// Combines a value-with-index across the warp with `combine`; every lane gets the result.
+/// Combines `v` across the warp with `combine`; every lane gets the result.
 #[inline(always)]
-pub fn warp_reduce<T: Copy>(
-    mut v: T,
-    combine: impl Fn(T, T) -> T,
-    shfl: impl Fn(T, u32) -> T,
-) -> T {
-    let mut mask = 16;
+pub fn warp_reduce<T: Copy>(v: T, combine: impl Fn(T, T) -> T, shfl: impl Fn(T, u32) -> T) -> T {
+    group_reduce(v, 32, combine, shfl)
+}
+
+/// Combines `v` within each aligned group of `width` lanes (a power of two <= 32); every
+/// lane gets its group's result. The whole warp must be converged.
+#[inline(always)]
+pub fn group_reduce<T: Copy>(mut v: T, width: u32, combine: impl Fn(T, T) -> T, shfl: impl Fn(T, u32) -> T) -> T {
+    let mut mask = width / 2;
     while mask > 0 {
         v = combine(v, shfl(v, mask));
         mask >>= 1;
@@ -157,6 +160,58 @@ macro_rules! shared_array {
         }
         p as *mut $t
     }};
+}
+
+/// Declares a statically sized `.shared` array of `$bytes` bytes (16-byte aligned) inside
+/// the calling kernel and evaluates to a [`SharedF32`] view of it, addressed with 32-bit
+/// shared-window addresses (`ld.shared`/`st.shared`, no generic-address translation).
+#[macro_export]
+macro_rules! shared_f32 {
+    ($bytes:literal) => {{
+        let a: u32;
+        // SAFETY: declares block-scoped shared storage and takes its shared-window address.
+        unsafe {
+            ::core::arch::asm!(
+                concat!(
+                    "{{ .shared .align 16 .b8 oxidnn_smem[", stringify!($bytes), "];\n",
+                    "mov.u32 {a}, oxidnn_smem; }}"
+                ),
+                a = out(reg32) a,
+            );
+        }
+        $crate::device::SharedF32 { base: a, len: $bytes / 4 }
+    }};
+}
+
+/// f32 slots in shared memory (see [`shared_f32!`]).
+#[derive(Clone, Copy)]
+pub struct SharedF32 {
+    pub base: u32,
+    pub len: u32,
+}
+
+impl SharedF32 {
+    /// Stores slot `i`.
+    ///
+    /// # Safety
+    /// `i < len`; other threads' accesses to slot `i` are ordered by barriers.
+    #[inline(always)]
+    pub unsafe fn store(&self, i: u32, v: f32) {
+        asm!("st.shared.f32 [{a}], {v};", a = in(reg32) self.base + 4 * i, v = in(reg32) v,
+             options(nostack, preserves_flags));
+    }
+
+    /// Loads slot `i`.
+    ///
+    /// # Safety
+    /// As [`SharedF32::store`].
+    #[inline(always)]
+    pub unsafe fn load(&self, i: u32) -> f32 {
+        let v: f32;
+        asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) self.base + 4 * i,
+             options(readonly, nostack, preserves_flags));
+        v
+    }
 }
 
 /// Reduces `v` over the whole 1-D block (at most 1024 threads); every thread gets the
@@ -231,6 +286,49 @@ pub unsafe fn ld_global_v4(p: *const u32) -> Vec16 {
     [a, b, c, d]
 }
 
+/// An 8-byte load through the read-only (non-coherent) path.
+///
+/// # Safety
+/// As [`ld_global_nc_v4`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_global_nc_v2(p: *const u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    asm!(
+        "ld.global.nc.v2.u32 {{{a}, {b}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b]
+}
+
+/// An 8-byte coherent load.
+///
+/// # Safety
+/// As [`ld_global_v4`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_global_v2(p: *const u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    asm!(
+        "ld.global.v2.u32 {{{a}, {b}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b]
+}
+
+/// An 8-byte store.
+///
+/// # Safety
+/// `p` is 8-byte aligned and points into writable global memory.
+#[inline(always)]
+pub unsafe fn st_global_v2(p: *mut u32, v: [u32; 2]) {
+    asm!(
+        "st.global.v2.u32 [{p}], {{{a}, {b}}};",
+        p = in(reg64) p, a = in(reg32) v[0], b = in(reg32) v[1],
+        options(nostack, preserves_flags),
+    );
+}
+
 /// A 16-byte store.
 ///
 /// # Safety
@@ -273,6 +371,30 @@ pub fn f32_to_f16(v: f32) -> u16 {
     out
 }
 
+/// Two f32 -> two halves packed in one word (`lo` in the low half), round to nearest even.
+#[inline(always)]
+pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only conversion; the first source goes to the upper half.
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {o}, {hi}, {lo};", o = out(reg32) out, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// Two f32 -> two bfloat16 packed in one word (`lo` in the low half), round to nearest even.
+#[inline(always)]
+pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only conversion; the first source goes to the upper half.
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {o}, {hi}, {lo};", o = out(reg32) out, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
 /// bfloat16 bits -> f32 (exact: bf16 is the top half of an f32).
 #[inline(always)]
 pub fn bf16_to_f32(h: u16) -> f32 {
@@ -291,13 +413,13 @@ pub fn f32_to_bf16(v: f32) -> u16 {
     out
 }
 
-/// `2^x`, approximate (max relative error about 2^-22).
+/// `2^x`, approximate (max relative error about 2^-22; subnormal results flush to 0).
 #[inline(always)]
 pub fn exp2_approx(x: f32) -> f32 {
     let out: f32;
     // SAFETY: register-only arithmetic.
     unsafe {
-        asm!("ex2.approx.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+        asm!("ex2.approx.ftz.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
              options(pure, nomem, nostack));
     }
     out
@@ -310,6 +432,30 @@ pub fn log2_approx(x: f32) -> f32 {
     // SAFETY: register-only arithmetic.
     unsafe {
         asm!("lg2.approx.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `1 / x`, approximate (max error 1 ulp; subnormals flush to 0).
+#[inline(always)]
+pub fn rcp_approx(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `tanh x`, hardware approximation (max relative error about 2^-11: for 16-bit outputs).
+#[inline(always)]
+pub fn tanh_approx(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("tanh.approx.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
              options(pure, nomem, nostack));
     }
     out

@@ -13,11 +13,16 @@ pub struct F16(pub u16);
 #[repr(transparent)]
 pub struct Bf16(pub u16);
 
-/// Elements a packed kernel moves per chunk: 8 (32 bytes of f32, 16 bytes of f16/bf16).
-pub const CHUNK: usize = oxidnn_params::PACKED_CHUNK;
-
 /// A tensor element type: storage in memory, arithmetic in f32.
+///
+/// Vector accesses move `K` consecutive elements (8 or 16 bytes) as raw words, which stay
+/// packed in registers until [`Element::unpack`]: a 16-bit type keeps two elements per
+/// register while its loads are in flight.
 pub trait Element: Copy {
+    /// Whether results are stored with 16-bit precision, so that math good to about 2^-11
+    /// relative is enough.
+    const LOW_PRECISION: bool;
+
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
 
@@ -39,30 +44,73 @@ pub trait Element: Copy {
         *p = Self::from_f32(v);
     }
 
-    /// Loads [`CHUNK`] consecutive elements with 16-byte vector loads.
+    /// Loads two consecutive elements (one 32-bit load for 16-bit types).
     ///
     /// # Safety
-    /// `p` is 16-byte aligned; the chunk is readable; `read_only` only if no thread of this
-    /// launch writes it.
-    unsafe fn load_chunk(p: *const Self, read_only: bool) -> [f32; CHUNK];
+    /// Both are readable; for 16-bit types `p` is 4-byte aligned.
+    #[inline(always)]
+    unsafe fn load_pair(p: *const Self) -> [f32; 2] {
+        [Self::load(p), Self::load(p.add(1))]
+    }
 
-    /// Stores [`CHUNK`] consecutive elements with 16-byte vector stores.
+    /// Stores two consecutive elements (one 32-bit store for 16-bit types).
     ///
     /// # Safety
-    /// `p` is 16-byte aligned and the chunk is writable.
-    unsafe fn store_chunk(p: *mut Self, v: [f32; CHUNK]);
+    /// Both are writable; for 16-bit types `p` is 4-byte aligned.
+    #[inline(always)]
+    unsafe fn store_pair(p: *mut Self, v: [f32; 2]) {
+        Self::store(p, v[0]);
+        Self::store(p.add(1), v[1]);
+    }
+
+    /// Loads `K` consecutive elements (`K * size` bytes: 8 or 16) with one vector load, as
+    /// raw words (an 8-byte load fills the first two).
+    ///
+    /// # Safety
+    /// `p` is aligned to `K * size` bytes; the elements are readable; `read_only` only if
+    /// no thread of this launch writes them.
+    #[inline(always)]
+    unsafe fn load_raw<const K: usize>(p: *const Self, read_only: bool) -> Vec16 {
+        let p = p as *const u32;
+        match (K * size_of::<Self>(), read_only) {
+            (16, true) => device::ld_global_nc_v4(p),
+            (16, false) => device::ld_global_v4(p),
+            (8, true) => widen(device::ld_global_nc_v2(p)),
+            (8, false) => widen(device::ld_global_v2(p)),
+            _ => device::trap(),
+        }
+    }
+
+    /// The `K` elements of raw words from [`Element::load_raw`].
+    fn unpack<const K: usize>(w: Vec16) -> [f32; K];
+
+    /// Stores `K` consecutive elements with one vector store.
+    ///
+    /// # Safety
+    /// `p` is aligned to `K * size` bytes and the elements are writable.
+    #[inline(always)]
+    unsafe fn store_vec<const K: usize>(p: *mut Self, v: [f32; K]) {
+        let w = Self::pack::<K>(v);
+        let p = p as *mut u32;
+        match K * size_of::<Self>() {
+            16 => device::st_global_v4(p, w),
+            8 => device::st_global_v2(p, [w[0], w[1]]),
+            _ => device::trap(),
+        }
+    }
+
+    /// Raw words holding `K` elements.
+    fn pack<const K: usize>(v: [f32; K]) -> Vec16;
 }
 
 #[inline(always)]
-unsafe fn load_v4(p: *const u32, read_only: bool) -> Vec16 {
-    if read_only {
-        device::ld_global_nc_v4(p)
-    } else {
-        device::ld_global_v4(p)
-    }
+fn widen(w: [u32; 2]) -> Vec16 {
+    [w[0], w[1], 0, 0]
 }
 
 impl Element for f32 {
+    const LOW_PRECISION: bool = false;
+
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -71,37 +119,23 @@ impl Element for f32 {
     fn from_f32(v: f32) -> Self {
         v
     }
-
     #[inline(always)]
-    unsafe fn load_chunk(p: *const Self, read_only: bool) -> [f32; CHUNK] {
-        let lo = load_v4(p as *const u32, read_only);
-        let hi = load_v4((p as *const u32).add(4), read_only);
-        let mut out = [0.0; CHUNK];
-        for i in 0..4 {
-            out[i] = f32::from_bits(lo[i]);
-            out[i + 4] = f32::from_bits(hi[i]);
-        }
-        out
+    fn unpack<const K: usize>(w: Vec16) -> [f32; K] {
+        core::array::from_fn(|i| f32::from_bits(w[i % 4]))
     }
-
     #[inline(always)]
-    unsafe fn store_chunk(p: *mut Self, v: [f32; CHUNK]) {
-        let mut lo = [0u32; 4];
-        let mut hi = [0u32; 4];
-        for i in 0..4 {
-            lo[i] = v[i].to_bits();
-            hi[i] = v[i + 4].to_bits();
-        }
-        device::st_global_v4(p as *mut u32, lo);
-        device::st_global_v4((p as *mut u32).add(4), hi);
+    fn pack<const K: usize>(v: [f32; K]) -> Vec16 {
+        core::array::from_fn(|i| if i < K { v[i].to_bits() } else { 0 })
     }
 }
 
-/// Implements [`Element`] for a 16-bit type stored as `u16` bits, given its two
-/// conversions: the 8 elements of a chunk are one 16-byte vector, two per word.
+/// Implements [`Element`] for a 16-bit type stored as `u16` bits, given its scalar
+/// conversions and its paired f32x2 -> 16x2 conversion (one instruction for two).
 macro_rules! half_element {
-    ($t:ident, $to_f32:path, $from_f32:path) => {
+    ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path) => {
         impl Element for $t {
+            const LOW_PRECISION: bool = true;
+
             #[inline(always)]
             fn to_f32(self) -> f32 {
                 $to_f32(self.0)
@@ -110,32 +144,29 @@ macro_rules! half_element {
             fn from_f32(v: f32) -> Self {
                 $t($from_f32(v))
             }
-
             #[inline(always)]
-            unsafe fn load_chunk(p: *const Self, read_only: bool) -> [f32; CHUNK] {
-                let w = load_v4(p as *const u32, read_only);
-                let mut out = [0.0; CHUNK];
-                for i in 0..4 {
-                    out[2 * i] = $to_f32(w[i] as u16);
-                    out[2 * i + 1] = $to_f32((w[i] >> 16) as u16);
-                }
-                out
+            fn unpack<const K: usize>(w: Vec16) -> [f32; K] {
+                core::array::from_fn(|i| $to_f32((w[(i / 2) % 4] >> (16 * (i % 2))) as u16))
             }
-
             #[inline(always)]
-            unsafe fn store_chunk(p: *mut Self, v: [f32; CHUNK]) {
-                let mut w = [0u32; 4];
-                for i in 0..4 {
-                    w[i] = $from_f32(v[2 * i]) as u32 | (($from_f32(v[2 * i + 1]) as u32) << 16);
-                }
-                device::st_global_v4(p as *mut u32, w);
+            fn pack<const K: usize>(v: [f32; K]) -> Vec16 {
+                core::array::from_fn(|i| if 2 * i + 1 < K { $pair_from_f32(v[2 * i], v[2 * i + 1]) } else { 0 })
+            }
+            #[inline(always)]
+            unsafe fn load_pair(p: *const Self) -> [f32; 2] {
+                let w = *(p as *const u32);
+                [$to_f32(w as u16), $to_f32((w >> 16) as u16)]
+            }
+            #[inline(always)]
+            unsafe fn store_pair(p: *mut Self, v: [f32; 2]) {
+                *(p as *mut u32) = $pair_from_f32(v[0], v[1]);
             }
         }
     };
 }
 
-half_element!(F16, device::f16_to_f32, device::f32_to_f16);
-half_element!(Bf16, device::bf16_to_f32, device::f32_to_bf16);
+half_element!(F16, device::f16_to_f32, device::f32_to_f16, device::f32x2_to_f16x2);
+half_element!(Bf16, device::bf16_to_f32, device::f32_to_bf16, device::f32x2_to_bf16x2);
 
 /// Stamps out entry points for every element type: `$mac!(suffix, Type)` for each.
 #[macro_export]

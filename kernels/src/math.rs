@@ -1,33 +1,17 @@
 //! f32 transcendental functions for kernels (no libm on the device), built on the
-//! hardware `ex2`/`lg2` approximations with care where they lose accuracy.
+//! hardware approximations (`ex2`, `lg2`, `rcp`, `tanh`): one special-function op where
+//! possible, since the 16-bit data types leave only a few per element at full bandwidth.
+//! Accurate to a few f32 ulps except where noted.
 
-use crate::device::{exp2_approx, fma, log2_approx};
+use crate::device::{exp2_approx, fma, log2_approx, rcp_approx, tanh_approx};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
 
-/// `e^x`. The argument is split as `x·log2(e) = n + f` so that the rounding error of the
-/// product does not grow with |x|.
+/// `e^x` (relative error about 2^-22 + |x| 2^-24).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    let t = x * LOG2_E;
-    let n = floor(t);
-    // f = x·log2(e) - n, with the product's low part recovered by an fma.
-    let lo = fma(x, LOG2_E, -t);
-    let f = (t - n) + lo;
-    let scale = exp2_approx(n);
-    exp2_approx(f) * scale
-}
-
-#[inline(always)]
-fn floor(x: f32) -> f32 {
-    let out: f32;
-    // SAFETY: register-only rounding, `cvt.rmi` = round toward minus infinity.
-    unsafe {
-        core::arch::asm!("cvt.rmi.f32.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
-                         options(pure, nomem, nostack));
-    }
-    out
+    exp2_approx(x * LOG2_E)
 }
 
 /// `ln x`.
@@ -36,28 +20,43 @@ pub fn ln(x: f32) -> f32 {
     log2_approx(x) * LN_2
 }
 
-/// `ln(1 + t)` for `t >= 0`, accurate also for tiny `t`.
+/// `a / b` to about 2 ulps.
 #[inline(always)]
-pub fn ln_1p(t: f32) -> f32 {
+pub fn div(a: f32, b: f32) -> f32 {
+    a * rcp_approx(b)
+}
+
+/// `ln(1 + t)` for `t >= 0`, accurate also for tiny `t` unless `low_precision` (for
+/// 16-bit results, where `ln(1 + t)`'s absolute error of 2^-24 is far below an ulp of any
+/// value it is added to).
+#[inline(always)]
+pub fn ln_1p(t: f32, low_precision: bool) -> f32 {
     let u = 1.0 + t;
+    if low_precision {
+        return ln(u);
+    }
     if u == 1.0 {
         t
     } else {
         // ln(u) * t / (u - 1) cancels the rounding error of forming u.
-        ln(u) * (t / (u - 1.0))
+        ln(u) * div(t, u - 1.0)
     }
 }
 
 /// The logistic function `1 / (1 + e^-x)`.
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+    rcp_approx(1.0 + exp(-x))
 }
 
-/// `tanh x`: a Taylor polynomial near 0 (where `1 - 2/(e^2x + 1)` cancels), else the
-/// exponential form.
+/// `tanh x`. `low_precision` (for 16-bit results) uses the hardware approximation;
+/// otherwise a Taylor polynomial near 0 (where `1 - 2/(e^2x + 1)` cancels) and the
+/// exponential form elsewhere.
 #[inline(always)]
-pub fn tanh(x: f32) -> f32 {
+pub fn tanh(x: f32, low_precision: bool) -> f32 {
+    if low_precision {
+        return tanh_approx(x);
+    }
     let a = x.abs();
     if a < 0.4 {
         let x2 = x * x;
@@ -68,39 +67,41 @@ pub fn tanh(x: f32) -> f32 {
         let p = fma(x2, p, -1.0 / 3.0);
         fma(x * x2, p, x)
     } else {
-        let r = 1.0 - 2.0 / (exp(2.0 * a) + 1.0);
-        if x < 0.0 {
-            -r
-        } else {
-            r
-        }
+        let r = 1.0 - 2.0 * rcp_approx(exp(2.0 * a) + 1.0);
+        r.copysign(x)
     }
 }
 
-/// The error function: a Taylor polynomial near 0, Abramowitz & Stegun 7.1.26 elsewhere
-/// (absolute error below 1.5e-7).
+/// `1 + erf(x)`, by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7; for x < 0
+/// computed as `erfc(|x|)` without cancellation). Branch-free: this is what GELU needs.
 #[inline(always)]
-pub fn erf(x: f32) -> f32 {
+pub fn one_plus_erf(x: f32) -> f32 {
     let a = x.abs();
-    if a < 0.5 {
-        let x2 = x * x;
-        // 2/sqrt(pi) (x - x^3/3 + x^5/10 - x^7/42 + x^9/216 - x^11/1320)
-        let p = fma(x2, -1.0 / 1320.0, 1.0 / 216.0);
-        let p = fma(x2, p, -1.0 / 42.0);
-        let p = fma(x2, p, 1.0 / 10.0);
-        let p = fma(x2, p, -1.0 / 3.0);
-        fma(x * x2, p, x) * core::f32::consts::FRAC_2_SQRT_PI
+    let t = rcp_approx(fma(0.327_591_1, a, 1.0));
+    let p = fma(t, 1.061_405_4, -1.453_152_1);
+    let p = fma(t, p, 1.421_413_7);
+    let p = fma(t, p, -0.284_496_74);
+    let p = fma(t, p, 0.254_829_6);
+    let erfc = p * t * exp(-a * a);
+    if x < 0.0 {
+        erfc
     } else {
-        let t = 1.0 / fma(0.327_591_1, a, 1.0);
-        let p = fma(t, 1.061_405_4, -1.453_152_1);
-        let p = fma(t, p, 1.421_413_7);
-        let p = fma(t, p, -0.284_496_74);
-        let p = fma(t, p, 0.254_829_6);
-        let r = 1.0 - p * t * exp(-a * a);
-        if x < 0.0 {
-            -r
-        } else {
-            r
-        }
+        2.0 - erfc
     }
+}
+
+/// `sech^2 x = 1 - tanh^2 x`, without the cancellation of forming `1 - t*t` near |t| = 1.
+#[inline(always)]
+pub fn sech2(x: f32) -> f32 {
+    let e = exp(-2.0 * x.abs());
+    let r = rcp_approx(1.0 + e);
+    4.0 * e * r * r
+}
+
+/// The logistic function's derivative `s (1 - s)`, without cancellation for large |x|.
+#[inline(always)]
+pub fn sigmoid_derivative(x: f32) -> f32 {
+    let e = exp(-x.abs());
+    let r = rcp_approx(1.0 + e);
+    e * r * r
 }

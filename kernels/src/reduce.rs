@@ -2,13 +2,14 @@
 //! set of dims, with the flattened index of the chosen element for min/max/amax.
 //!
 //! `reduce_thread_*`: one thread per output (reduced dims outer, or short reductions).
+//! `reduce_warp_*`: a group of 2..32 lanes per output (many outputs, moderate reductions).
 //! `reduce_block_*`: one block per output, or per slice of one when `splits > 1`, which
 //! then leaves [`ReducePartial`]s in the workspace for `reduce_finalize_*`.
 
 use crate::activation::blend;
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, grid_stride, shfl_xor_f32, shfl_xor_u32, sqrt,
-    thread_idx_x,
+    block_dim_x, block_idx_x, block_reduce, global_thread_x, grid_dim_x, grid_stride, lane_id,
+    group_reduce, shfl_xor_f32, shfl_xor_u32, sqrt, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{ReduceOp, ReduceParams, ReducePartial};
@@ -109,26 +110,57 @@ unsafe fn write_output<T: Element>(
     }
 }
 
-/// Reduces `x` elements `[begin, end)` of output `o`, strided by `step` from `first`.
+/// Reduces the elements `first, first + step, ..` below `end` of the output whose first
+/// element is at `x_base`. Four independent accumulators keep four loads in flight.
 #[inline(always)]
-unsafe fn accumulate<T: Element>(
-    p: &ReduceParams,
-    op: ReduceOp,
-    x: *const T,
-    x_base: u64,
-    first: u32,
-    end: u32,
-    step: u32,
-) -> ReducePartial {
-    let mut acc = identity(op);
-    let mut r = first;
+unsafe fn accumulate<T: Element>(p: &ReduceParams, op: ReduceOp, x: *const T, x_base: u64, first: u32, end: u32, step: u32) -> ReducePartial {
+    let load = |r: u64| {
+        let [off] = p.red.offsets(r as u32);
+        T::load(x.add((x_base + off) as usize))
+    };
+    let (end, step) = (end as u64, step as u64);
+    let mut acc = [identity(op); 4];
+    let mut r = first as u64;
+    while r + 3 * step < end {
+        let v = [load(r), load(r + step), load(r + 2 * step), load(r + 3 * step)];
+        for j in 0..4 {
+            let at = r + j as u64 * step;
+            acc[j] = combine(op, acc[j], contribution(op, v[j], at as u32));
+        }
+        r += 4 * step;
+    }
     while r < end {
-        let [off] = p.red.offsets(r);
-        let v = T::load(x.add((x_base + off) as usize));
-        acc = combine(op, acc, contribution(op, v, r));
+        acc[0] = combine(op, acc[0], contribution(op, load(r), r as u32));
         r += step;
     }
-    acc
+    combine(op, combine(op, acc[0], acc[1]), combine(op, acc[2], acc[3]))
+}
+
+/// Groups of `p.group` lanes per output (grid-stride over outputs, uniform per warp so
+/// every shuffle has the whole warp): a group's lanes stride through the reduction, then
+/// combine by shuffles.
+#[inline(always)]
+unsafe fn reduce_warp<T: Element>(p: &ReduceParams, x: *const T, y: *mut T, idx: *mut u32) {
+    let op = ReduceOp::from_u32(p.op);
+    let per_warp = (32 / p.group) as u64;
+    let warps = (grid_dim_x() as u64 * block_dim_x() as u64) / 32;
+    let (group, lane) = (lane_id() / p.group, lane_id() % p.group);
+    let mut base = (global_thread_x() / 32) * per_warp;
+    while base < p.out_len as u64 {
+        let o = base + group as u64;
+        let active = o < p.out_len as u64;
+        let mine = if active {
+            let [x_base, _, _] = p.out.offsets(o as u32);
+            accumulate(p, op, x, x_base, lane, p.red_len, p.group)
+        } else {
+            identity(op)
+        };
+        let total = group_reduce(mine, p.group, |a, b| combine(op, a, b), shfl);
+        if active && lane == 0 {
+            write_output(p, o as u32, total, y, idx);
+        }
+        base += warps * per_warp;
+    }
 }
 
 #[inline(always)]
@@ -200,6 +232,14 @@ macro_rules! reduce_entry_points {
                 p: ReduceParams, x: *const $T, y: *mut $T, idx: *mut u32,
             ) {
                 reduce_thread::<$T>(&p, x, y, idx)
+            }
+            /// # Safety
+            /// As `reduce_thread_*`; blocks are whole warps.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<reduce_warp_ $dt>](
+                p: ReduceParams, x: *const $T, y: *mut $T, idx: *mut u32,
+            ) {
+                reduce_warp::<$T>(&p, x, y, idx)
             }
             /// # Safety
             /// As `reduce_thread_*`; `partials` holds `out_len * splits` entries when

@@ -3,9 +3,9 @@
 //! source and destination have different unit-stride dims).
 
 use crate::activation::blend;
-use crate::device::{block_idx_x, lane_id, sqrt, sync_threads, warp_id};
+use crate::device::{block_idx_x, sqrt, sync_threads, thread_idx_x};
 use crate::element::Element;
-use crate::elementwise::{map_packed, map_strided};
+use crate::elementwise::{map_packed, map_packed_broadcast, map_strided, Broadcast};
 use oxidnn_params::{
     PointwiseOp, TensorOpParams, TransformParams, TransposeParams, TRANSPOSE_BLOCK_ROWS,
     TRANSPOSE_TILE,
@@ -88,6 +88,39 @@ unsafe fn tensor_op_packed<T: Element>(p: &TensorOpParams, a: *const T, b: *cons
     })
 }
 
+/// `c` and the non-broadcast input packed, input `p.broadcast` through `p.map`.
+#[inline(always)]
+unsafe fn tensor_op_broadcast<T: Element>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
+    match p.broadcast {
+        0 => tensor_op_broadcast_from::<T, 0>(p, a, b, c),
+        _ => tensor_op_broadcast_from::<T, 1>(p, a, b, c),
+    }
+}
+
+#[inline(always)]
+unsafe fn tensor_op_broadcast_from<T: Element, const B: usize>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
+    let read_c = p.beta != 0.0;
+    let bc = Broadcast {
+        input: B,
+        operand: B,
+        map: &p.map,
+        inner: p.broadcast_inner_stride,
+        inner_len: p.broadcast_inner_len,
+    };
+    with_op!(PointwiseOp::from_u32(p.op), |OP| {
+        if OP.reads_b() {
+            map_packed_broadcast::<T, T, 2, 3>(p.len, [a, b], Some(bc), c, read_c, |[av, bv], old| {
+                blend(1.0, pointwise(OP, p.alpha1 * av, p.alpha2 * bv), p.beta, || old)
+            });
+        } else if B == 0 {
+            // Unary ops (and add_tensor's CopyA) read `a` only.
+            map_packed_broadcast::<T, T, 1, 3>(p.len, [a], Some(bc), c, read_c, |[av], old| {
+                blend(1.0, pointwise(OP, p.alpha1 * av, 0.0), p.beta, || old)
+            });
+        }
+    })
+}
+
 #[inline(always)]
 unsafe fn tensor_op_strided<T: Element>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
     let read_c = p.beta != 0.0;
@@ -129,37 +162,80 @@ const TILE: u32 = TRANSPOSE_TILE;
 const ROWS: u32 = TRANSPOSE_BLOCK_ROWS;
 /// Row pitch of the shared tile: one word of padding keeps column reads conflict-free.
 const PITCH: u32 = TILE + 1;
+/// Tile rows each thread moves.
+const STEPS: usize = (TILE / ROWS) as usize;
+const _: () = assert!(TILE * PITCH * 4 == 16640 && STEPS == 16, "the literals below");
 
 /// One `TILE`² tile per block of `TILE * ROWS` threads: coalesced reads along `a` (unit
-/// stride in x) into shared memory, coalesced writes along `b` (unit stride in y) out.
+/// stride in x) into registers, then shared memory; coalesced writes along `b` (unit
+/// stride in y) out. All of a thread's loads are issued before its first shared store.
+/// 16-bit data moves as element pairs (one word per thread and access) where `p.pairs`
+/// allows, so that each warp access is 128 bytes as for f32.
 #[inline(always)]
 unsafe fn transpose<S: Element, T: Element>(p: &TransposeParams, x: *const S, y: *mut T) {
-    let tile = crate::shared_array!(f32, 4224); // TILE * PITCH * 4 bytes
+    let tile = crate::shared_f32!(16640);
     let (rest, tile_a) = p.tiles_a.div_rem(block_idx_x());
     let (batch, tile_b) = p.tiles_b.div_rem(rest);
     let [x_base, y_base] = p.batch.offsets(batch);
     let (a0, b0) = (tile_a * TILE, tile_b * TILE);
-    let (tx, ty) = (lane_id(), warp_id());
+    let tid = thread_idx_x();
 
-    let mut r = ty;
-    while r < TILE {
-        let (a, b) = (a0 + tx, b0 + r);
-        if a < p.len_a && b < p.len_b {
-            let at = x_base + b as u64 * p.x_stride_b + a as u64;
-            *tile.add((r * PITCH + tx) as usize) = S::load(x.add(at as usize));
-        }
-        r += ROWS;
+    if size_of::<S>() == 2 && p.pairs & 1 != 0 {
+        // 32 lanes x 2 elements along a; 8 rows of b per step.
+        let (tx, ty) = (tid % (TILE / 2), tid / (TILE / 2));
+        let a = a0 + 2 * tx;
+        let mut vals = [[0.0f32; 2]; STEPS / 2];
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let b = b0 + ty + k as u32 * 2 * ROWS;
+            if a < p.len_a && b < p.len_b {
+                vals[k] = S::load_pair(x.add((x_base + b as u64 * p.x_stride_b + a as u64) as usize));
+            }
+        });
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let row = (ty + k as u32 * 2 * ROWS) * PITCH;
+            tile.store(row + 2 * tx, vals[k][0]);
+            tile.store(row + 2 * tx + 1, vals[k][1]);
+        });
+    } else {
+        let (tx, ty) = (tid % TILE, tid / TILE);
+        let a = a0 + tx;
+        let mut vals = [0.0f32; STEPS];
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let b = b0 + ty + k as u32 * ROWS;
+            if a < p.len_a && b < p.len_b {
+                vals[k] = S::load(x.add((x_base + b as u64 * p.x_stride_b + a as u64) as usize));
+            }
+        });
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            tile.store((ty + k as u32 * ROWS) * PITCH + tx, vals[k]);
+        });
     }
     sync_threads();
-    let mut r = ty;
-    while r < TILE {
-        let (a, b) = (a0 + r, b0 + tx);
-        if a < p.len_a && b < p.len_b {
-            let at = (y_base + a as u64 * p.y_stride_a + b as u64) as usize;
-            let v = *tile.add((tx * PITCH + r) as usize);
-            T::store(y.add(at), blend(p.alpha, v, p.beta, || T::load(y.add(at))));
-        }
-        r += ROWS;
+    if size_of::<T>() == 2 && p.pairs & 2 != 0 {
+        let (tx, ty) = (tid % (TILE / 2), tid / (TILE / 2));
+        let b = b0 + 2 * tx;
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let r = ty + k as u32 * 2 * ROWS;
+            let a = a0 + r;
+            if a < p.len_a && b < p.len_b {
+                let at = y.add((y_base + a as u64 * p.y_stride_a + b as u64) as usize);
+                let v = [tile.load(2 * tx * PITCH + r), tile.load((2 * tx + 1) * PITCH + r)];
+                let old = if p.beta != 0.0 { T::load_pair(at) } else { [0.0; 2] };
+                T::store_pair(at, [blend(p.alpha, v[0], p.beta, || old[0]), blend(p.alpha, v[1], p.beta, || old[1])]);
+            }
+        });
+    } else {
+        let (tx, ty) = (tid % TILE, tid / TILE);
+        let b = b0 + tx;
+        crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let r = ty + k as u32 * ROWS;
+            let a = a0 + r;
+            if a < p.len_a && b < p.len_b {
+                let at = (y_base + a as u64 * p.y_stride_a + b as u64) as usize;
+                let v = tile.load(tx * PITCH + r);
+                T::store(y.add(at), blend(p.alpha, v, p.beta, || T::load(y.add(at))));
+            }
+        });
     }
 }
 
@@ -173,6 +249,14 @@ macro_rules! tensor_op_entry_points {
                 p: TensorOpParams, a: *const $T, b: *const $T, c: *mut $T,
             ) {
                 tensor_op_packed::<$T>(&p, a, b, c)
+            }
+            /// # Safety
+            /// Pointers cover the tensors that `p` describes; see `TensorOpParams`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<tensor_op_broadcast_ $dt>](
+                p: TensorOpParams, a: *const $T, b: *const $T, c: *mut $T,
+            ) {
+                tensor_op_broadcast::<$T>(&p, a, b, c)
             }
             /// # Safety
             /// Pointers cover the tensors that `p` describes.

@@ -18,24 +18,26 @@ pub const MAX_DIMS: usize = 8;
 /// Threads per block of every elementwise and reduction kernel.
 pub const BLOCK_THREADS: u32 = 256;
 
-/// Elements a packed elementwise kernel moves per chunk (one or two 16-byte vectors).
-pub const PACKED_CHUNK: usize = 8;
+/// 16-byte vectors (of the widest operand) a thread of a packed elementwise kernel moves.
+/// Vector `v` of lane `l` in global warp `w` covers the `K = 16 / widest` elements from
+/// `(w * V * 32 + v * 32 + l) * K`, so every warp-wide access is 512 contiguous bytes
+/// (narrower operands: 256), and each thread has `V` independent loads in flight.
+pub const PACKED_VECTORS_PER_THREAD: usize = 4;
 
-/// Chunks a thread of a packed elementwise kernel handles, given the widest element size
-/// (bytes) among its operands: each thread keeps 64 bytes of that operand in flight.
-pub const fn packed_chunks_per_thread(widest_element_bytes: usize) -> usize {
-    64 / (PACKED_CHUNK * widest_element_bytes)
+/// Elements per vector of a packed kernel whose widest operand has `widest_element_bytes`.
+pub const fn packed_vector_elements(widest_element_bytes: usize) -> usize {
+    16 / widest_element_bytes
 }
 
 /// Elements a thread of a packed elementwise kernel handles.
 pub const fn packed_elements_per_thread(widest_element_bytes: usize) -> usize {
-    PACKED_CHUNK * packed_chunks_per_thread(widest_element_bytes)
+    PACKED_VECTORS_PER_THREAD * packed_vector_elements(widest_element_bytes)
 }
 
 /// Side of the square tile of the tiled transpose kernel (elements).
-pub const TRANSPOSE_TILE: u32 = 32;
-/// Rows of a transpose tile one block row of threads walks per step.
-pub const TRANSPOSE_BLOCK_ROWS: u32 = 8;
+pub const TRANSPOSE_TILE: u32 = 64;
+/// Rows of a transpose tile the block's threads cover per step (`BLOCK_THREADS / TILE`).
+pub const TRANSPOSE_BLOCK_ROWS: u32 = BLOCK_THREADS / TRANSPOSE_TILE;
 
 /// Activation functions, numbered as the device `match` expects.
 #[repr(u32)]
@@ -171,6 +173,9 @@ impl PointwiseOp {
 
 /// Parameters of `tensor_op_*`: `c = op(alpha1 * a, alpha2 * b) + beta * c`.
 /// Operand order in `map`: `[a, b, c]`.
+///
+/// `tensor_op_broadcast_*` reads `c` and the one operand that is not `broadcast` as packed
+/// (element `i` at offset `i`) and operand `broadcast` (0 = a, 1 = b) through `map`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TensorOpParams {
@@ -179,6 +184,13 @@ pub struct TensorOpParams {
     pub alpha2: f32,
     pub beta: f32,
     pub len: u64,
+    pub broadcast: u32,
+    pub _pad: u32,
+    /// Stride (elements) of the broadcast operand along the innermost dim of `map`.
+    pub broadcast_inner_stride: u64,
+    /// Extent of the innermost dim of `map`.
+    pub broadcast_inner_len: FastDivisor,
+    pub _pad2: u32,
     pub map: IndexMap<3>,
 }
 
@@ -214,6 +226,10 @@ pub struct TransposeParams {
     pub x_stride_b: u64,
     /// Stride of dim `a` in y (elements).
     pub y_stride_a: u64,
+    /// Bit 0: 16-bit x may be read two elements (one word) at a time along `a`; bit 1: 16-bit
+    /// y may be written so along `b` (the host sets them when extents and strides are even).
+    pub pairs: u32,
+    pub _pad: u32,
     /// The other dims; operand order `[x, y]`.
     pub batch: IndexMap<2>,
 }
@@ -294,6 +310,9 @@ pub struct ReduceParams {
     pub red_len: u32,
     pub splits: u32,
     pub split_len: u32,
+    /// Lanes per output of `reduce_warp_*` (a power of two, 1 to 32).
+    pub group: u32,
+    pub _pad: u32,
     pub out: IndexMap<3>,
     pub red: IndexMap<1>,
 }

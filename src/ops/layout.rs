@@ -162,6 +162,34 @@ mod tests {
         assert!(!f.is_packed());
     }
 
+    /// The folded map visits exactly the operand offset tuples of the logical elements.
+    #[test]
+    fn folded_maps_visit_every_element_once() {
+        use crate::host_tensor::for_each_index;
+        let dims = [48usize, 3, 8, 3];
+        let layouts: [[usize; 4]; 3] = [[72, 24, 3, 1], [1, 48, 144, 1152], [1, 49, 196, 1800]];
+        for a in layouts {
+            for b in layouts {
+                for c in layouts {
+                    let f = fold(&dims, [&a, &b, &c], 2);
+                    let map = f.index_map().unwrap();
+                    let mut got: Vec<[u64; 3]> =
+                        (0..f.len() as u32).map(|i| map.offsets(i)).collect();
+                    let mut want = Vec::new();
+                    for_each_index(&dims, |i| {
+                        let o = |s: &[usize; 4]| {
+                            i.iter().zip(s).map(|(x, y)| (x * y) as u64).sum::<u64>()
+                        };
+                        want.push([o(&a), o(&b), o(&c)]);
+                    });
+                    got.sort();
+                    want.sort();
+                    assert_eq!(got, want, "{a:?} {b:?} {c:?} folded to {f:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn unit_dims_vanish_and_scalars_fold_to_nothing() {
         let f = fold(&[1, 1], [&[1, 1]], 0);

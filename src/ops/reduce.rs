@@ -124,19 +124,27 @@ fn validate(
 enum Strategy {
     /// One thread per output.
     Thread,
+    /// A group of `group` lanes (power of two, 2 to 32) per output.
+    Warp { group: u32 },
     /// One block per output and slice of the reduction; `splits > 1` needs a workspace.
     Block { splits: u32, split_len: u32 },
 }
 
 fn strategy(s: &Shape, sm_count: u32) -> Strategy {
     let (out_len, red_len) = (s.out_len(), s.red_len());
+    // Consecutive outputs adjacent in x: threads of a warp read adjacent elements.
     let out_inner_contiguous = s.out_strides[0].last() == Some(&1);
-    if red_len <= 32 || (out_inner_contiguous && out_len >= 4096) {
+    if red_len <= 16 || (out_inner_contiguous && out_len >= 2048) {
         return Strategy::Thread;
     }
-    // Enough blocks to fill the GPU a few times, each with >= 2048 elements to reduce.
-    let want_blocks = 4 * sm_count as usize;
-    let splits = want_blocks
+    let resident_blocks = 8 * sm_count as usize; // 2048 threads per SM in blocks of 256
+    if red_len <= 8192 || out_len >= resident_blocks * 8 {
+        // About four elements per lane: short rows share a warp.
+        let group = red_len.div_ceil(4).next_power_of_two().clamp(2, 32) as u32;
+        return Strategy::Warp { group };
+    }
+    // Few long reductions: enough blocks to fill the GPU, each reducing >= 2048 elements.
+    let splits = resident_blocks
         .div_ceil(out_len)
         .min(red_len.div_ceil(2048))
         .clamp(1, 65_535);
@@ -245,6 +253,8 @@ pub fn reduce_tensor(
                 red_len: red_len as u32,
                 splits: 1,
                 split_len: red_len as u32,
+                group: 32,
+                _pad: 0,
                 out: index_map(&s.out_dims, &s.out_strides)?,
                 red: index_map(&s.red_dims, &s.red_strides)?,
             };
@@ -267,6 +277,14 @@ pub fn reduce_tensor(
                             &[x_ptr, y_ptr, idx_ptr],
                         )
                     }
+                }
+                Strategy::Warp { group } => {
+                    p.group = group;
+                    let kernel = kernels::reduce_warp(dtype).ok_or_else(unsupported)?;
+                    let warps = (out_len as u64).div_ceil(32 / group as u64);
+                    let cfg = grid_stride_config(warps * 32, gpu.sm_count)?;
+                    // SAFETY: as for Thread.
+                    unsafe { gpu.launch(kernel, cfg, &p, &[x_ptr, y_ptr, idx_ptr]) }
                 }
                 Strategy::Block { splits, split_len } => {
                     p.splits = splits;

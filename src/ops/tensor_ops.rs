@@ -254,18 +254,30 @@ unsafe fn launch_tensor_op(
     let dtype = c_desc.dtype();
     let folded = fold(c_desc.dims(), strides, 2);
     let len = folded.len() as u64;
+    let per_thread = packed_elements_per_thread(dtype.size_bytes()) as u64;
     let mut p = TensorOpParams {
         op: op as u32,
         alpha1,
         alpha2,
         beta,
         len,
-        map: Default::default(),
+        ..Default::default()
     };
     let (kernel, cfg) = if folded.is_packed() {
-        let per_thread = packed_elements_per_thread(dtype.size_bytes()) as u64;
         (
             kernels::tensor_op_packed(dtype),
+            LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
+        )
+    } else if let Some(operand) = broadcast_operand(&folded) {
+        p.broadcast = operand;
+        p.broadcast_inner_stride = folded.strides[operand as usize]
+            .last()
+            .copied()
+            .unwrap_or(0) as u64;
+        p.broadcast_inner_len = FastDivisor::new(folded.dims.last().copied().unwrap_or(1) as u32);
+        p.map = folded.index_map()?;
+        (
+            kernels::tensor_op_broadcast(dtype),
             LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
         )
     } else {
@@ -278,6 +290,25 @@ unsafe fn launch_tensor_op(
     let kernel = kernel
         .ok_or_else(|| Error::unsupported(format!("tensor ops on {dtype} tensors on the GPU")))?;
     gpu.launch(kernel, cfg, &p, &ptrs)
+}
+
+/// The input (0 = a, 1 = b) that alone is not laid out like a dense, row-major `c`, when
+/// the broadcast kernel can take the problem (the other input matches `c`).
+fn broadcast_operand(f: &super::layout::Folded<3>) -> Option<u32> {
+    let mut dense = vec![0usize; f.dims.len()];
+    let mut s = 1;
+    for d in (0..f.dims.len()).rev() {
+        dense[d] = s;
+        s *= f.dims[d];
+    }
+    if f.strides[2] != dense {
+        return None;
+    }
+    match (f.strides[0] == dense, f.strides[1] == dense) {
+        (true, false) => Some(1),
+        (false, true) => Some(0),
+        _ => None,
+    }
 }
 
 /// `y = alpha * x + beta * y` between any two layouts of the same dims, converting the
@@ -378,11 +409,14 @@ fn transpose_plan(
     }
     let rest: Vec<usize> = (0..b).filter(|&d| d != a).collect();
     let dims: Vec<usize> = rest.iter().map(|&d| f.dims[d]).collect();
-    let strides = [
+    let strides: [Vec<usize>; 2] = [
         rest.iter().map(|&d| f.strides[0][d]).collect(),
         rest.iter().map(|&d| f.strides[1][d]).collect(),
     ];
     let tile = TRANSPOSE_TILE as usize;
+    let even = |v: &[usize]| v.iter().all(|s| s % 2 == 0);
+    let load_pairs = f.dims[a] % 2 == 0 && f.strides[0][b] % 2 == 0 && even(&strides[0]);
+    let store_pairs = f.dims[b] % 2 == 0 && f.strides[1][a] % 2 == 0 && even(&strides[1]);
     let (tiles_a, tiles_b) = (f.dims[a].div_ceil(tile), f.dims[b].div_ceil(tile));
     let batch_blocks = dims.iter().product::<usize>();
     if tiles_a.saturating_mul(tiles_b).saturating_mul(batch_blocks) > i32::MAX as usize {
@@ -397,6 +431,8 @@ fn transpose_plan(
         tiles_b: FastDivisor::new(tiles_b as u32),
         x_stride_b: f.strides[0][b] as u64,
         y_stride_a: f.strides[1][a] as u64,
+        pairs: load_pairs as u32 | (store_pairs as u32) << 1,
+        _pad: 0,
         batch: super::layout::index_map(&dims, &strides)?,
     }))
 }
