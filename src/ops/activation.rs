@@ -12,18 +12,16 @@
 //! ```
 
 use super::layout::fold;
-use super::{grid_stride_config, host_read, host_write, scale_factor};
+use super::{host_read, host_write, scale_factor, ElementwisePlan};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
 use crate::error::{Error, Result};
 use crate::handle::{Backend, Handle};
 use crate::kernels;
-use crate::launch::{device_ptr, device_ptr_mut, LaunchConfig};
+use crate::launch::{device_ptr, device_ptr_mut};
 use crate::reference;
 pub use oxidnn_params::ActivationKind as ActivationMode;
-use oxidnn_params::{
-    packed_elements_per_thread, ActivationBwdParams, ActivationFwdParams, BLOCK_THREADS,
-};
+use oxidnn_params::{ActivationBwdParams, ActivationFwdParams};
 
 /// An activation function and its coefficient (cuDNN's `cudnnActivationDescriptor_t`).
 ///
@@ -136,35 +134,24 @@ pub fn activation_forward(
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
             let folded = fold(x_desc.dims(), [x_desc.strides(), y_desc.strides()], 1);
-            let len = folded.len() as u64;
-            let mut p = ActivationFwdParams {
+            let plan = ElementwisePlan::new(&folded, dtype.size_bytes(), gpu.sm_count)?;
+            let kernel = plan.kernel(
+                kernels::activation_fwd_packed(dtype),
+                kernels::activation_fwd_strided(dtype),
+                || format!("activation on {dtype} tensors on the GPU"),
+            )?;
+            let p = ActivationFwdParams {
                 kind: act.mode as u32,
                 coef: act.coef as f32,
                 alpha: alpha32,
                 beta: beta32,
-                len,
-                map: Default::default(),
+                len: folded.len() as u64,
+                map: plan.map.unwrap_or_default(),
             };
-            let (kernel, cfg) = if folded.is_packed() {
-                let per_thread = packed_elements_per_thread(dtype.size_bytes()) as u64;
-                (
-                    kernels::activation_fwd_packed(dtype),
-                    LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
-                )
-            } else {
-                p.map = folded.index_map()?;
-                (
-                    kernels::activation_fwd_strided(dtype),
-                    grid_stride_config(len, gpu.sm_count)?,
-                )
-            };
-            let kernel = kernel.ok_or_else(|| {
-                Error::unsupported(format!("activation on {dtype} tensors on the GPU"))
-            })?;
             let ptrs = [device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?];
             // SAFETY: both buffers hold their descriptors' spans (checked above) and the
             // folded map only produces offsets inside those spans.
-            unsafe { gpu.launch(kernel, cfg, &p, &ptrs) }
+            unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
         }
     }
 }
@@ -210,36 +197,22 @@ pub fn activation_backward(
         }
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
-            let folded = fold(
-                x_desc.dims(),
-                [dy_desc.strides(), x_desc.strides(), dx_desc.strides()],
-                2,
-            );
-            let len = folded.len() as u64;
-            let mut p = ActivationBwdParams {
+            let strides = [dy_desc.strides(), x_desc.strides(), dx_desc.strides()];
+            let folded = fold(x_desc.dims(), strides, 2);
+            let plan = ElementwisePlan::new(&folded, dtype.size_bytes(), gpu.sm_count)?;
+            let kernel = plan.kernel(
+                kernels::activation_bwd_packed(dtype),
+                kernels::activation_bwd_strided(dtype),
+                || format!("activation backward on {dtype} tensors on the GPU"),
+            )?;
+            let p = ActivationBwdParams {
                 kind: act.mode as u32,
                 coef: act.coef as f32,
                 alpha: alpha32,
                 beta: beta32,
-                len,
-                map: Default::default(),
+                len: folded.len() as u64,
+                map: plan.map.unwrap_or_default(),
             };
-            let (kernel, cfg) = if folded.is_packed() {
-                let per_thread = packed_elements_per_thread(dtype.size_bytes()) as u64;
-                (
-                    kernels::activation_bwd_packed(dtype),
-                    LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
-                )
-            } else {
-                p.map = folded.index_map()?;
-                (
-                    kernels::activation_bwd_strided(dtype),
-                    grid_stride_config(len, gpu.sm_count)?,
-                )
-            };
-            let kernel = kernel.ok_or_else(|| {
-                Error::unsupported(format!("activation backward on {dtype} tensors on the GPU"))
-            })?;
             let ptrs = [
                 device_ptr(gpu, y)?,
                 device_ptr(gpu, dy)?,
@@ -248,7 +221,7 @@ pub fn activation_backward(
             ];
             // SAFETY: every buffer holds its descriptor's span (checked above); the folded map
             // only produces offsets inside them.
-            unsafe { gpu.launch(kernel, cfg, &p, &ptrs) }
+            unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
         }
     }
 }

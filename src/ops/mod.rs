@@ -13,7 +13,8 @@ use crate::descriptor::TensorDescriptor;
 use crate::error::{Error, Result};
 use crate::host_tensor::HostTensor;
 use crate::launch::LaunchConfig;
-use oxidnn_params::BLOCK_THREADS;
+use layout::Folded;
+use oxidnn_params::{packed_elements_per_thread, IndexMap, BLOCK_THREADS};
 
 /// A blending factor (alpha, beta) as the kernels take it.
 pub(crate) fn scale_factor(arg: &'static str, v: f64) -> Result<f32> {
@@ -30,6 +31,49 @@ pub(crate) fn grid_stride_config(len: u64, sm_count: u32) -> Result<LaunchConfig
     let mut cfg = LaunchConfig::for_threads(len, BLOCK_THREADS)?;
     cfg.grid = cfg.grid.min(sm_count.max(1) * 32);
     Ok(cfg)
+}
+
+/// Grid for a packed elementwise kernel over `len` elements whose widest operand has
+/// `widest_bytes` per element (one thread per `packed_elements_per_thread`).
+pub(crate) fn packed_config(len: u64, widest_bytes: usize) -> Result<LaunchConfig> {
+    let per_thread = packed_elements_per_thread(widest_bytes) as u64;
+    LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)
+}
+
+/// How an elementwise op runs: the packed kernel (`map` is `None`) or the strided kernel
+/// walking `map`, and the grid for it.
+pub(crate) struct ElementwisePlan<const N: usize> {
+    pub map: Option<IndexMap<N>>,
+    pub cfg: LaunchConfig,
+}
+
+impl<const N: usize> ElementwisePlan<N> {
+    pub fn new(folded: &Folded<N>, widest_bytes: usize, sm_count: u32) -> Result<Self> {
+        let len = folded.len() as u64;
+        if folded.is_packed() {
+            Ok(Self {
+                map: None,
+                cfg: packed_config(len, widest_bytes)?,
+            })
+        } else {
+            Ok(Self {
+                map: Some(folded.index_map()?),
+                cfg: grid_stride_config(len, sm_count)?,
+            })
+        }
+    }
+
+    /// The packed or the strided kernel as the plan says; `NotSupported` (naming `what`)
+    /// where the dtype has none.
+    pub fn kernel(
+        &self,
+        packed: Option<&'static str>,
+        strided: Option<&'static str>,
+        what: impl FnOnce() -> String,
+    ) -> Result<&'static str> {
+        let kernel = if self.map.is_none() { packed } else { strided };
+        kernel.ok_or_else(|| Error::unsupported(what()))
+    }
 }
 
 /// The tensor in a host buffer of the CPU handle.

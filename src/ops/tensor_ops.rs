@@ -16,7 +16,7 @@
 //! ```
 
 use super::layout::{broadcast_strides, fold};
-use super::{grid_stride_config, host_read, host_write, scale_factor};
+use super::{host_read, host_write, packed_config, scale_factor, ElementwisePlan};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
 use crate::error::{Error, Result};
@@ -25,8 +25,8 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    packed_elements_per_thread, FastDivisor, PointwiseOp, TensorOpParams, TransformParams,
-    TransposeParams, BLOCK_THREADS, TRANSPOSE_TILE,
+    FastDivisor, PointwiseOp, TensorOpParams, TransformParams, TransposeParams, BLOCK_THREADS,
+    TRANSPOSE_TILE,
 };
 
 /// The operations of [`op_tensor`] (cuDNN's `cudnnOpTensorOp_t`).
@@ -252,9 +252,9 @@ unsafe fn launch_tensor_op(
     ptrs: [u64; 3],
 ) -> Result<()> {
     let dtype = c_desc.dtype();
+    let what = || format!("tensor ops on {dtype} tensors on the GPU");
     let folded = fold(c_desc.dims(), strides, 2);
     let len = folded.len() as u64;
-    let per_thread = packed_elements_per_thread(dtype.size_bytes()) as u64;
     let mut p = TensorOpParams {
         op: op as u32,
         alpha1,
@@ -263,33 +263,25 @@ unsafe fn launch_tensor_op(
         len,
         ..Default::default()
     };
-    let (kernel, cfg) = if folded.is_packed() {
-        (
-            kernels::tensor_op_packed(dtype),
-            LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
-        )
-    } else if let Some(operand) = broadcast_operand(&folded) {
+    if let (false, Some(operand)) = (folded.is_packed(), broadcast_operand(&folded)) {
+        // One operand broadcast (e.g. a bias): packed kernel with an offset per vector.
+        let last = |v: &[usize], empty: usize| v.last().copied().unwrap_or(empty);
         p.broadcast = operand;
-        p.broadcast_inner_stride = folded.strides[operand as usize]
-            .last()
-            .copied()
-            .unwrap_or(0) as u64;
-        p.broadcast_inner_len = FastDivisor::new(folded.dims.last().copied().unwrap_or(1) as u32);
+        p.broadcast_inner_stride = last(&folded.strides[operand as usize], 0) as u64;
+        p.broadcast_inner_len = FastDivisor::new(last(&folded.dims, 1) as u32);
         p.map = folded.index_map()?;
-        (
-            kernels::tensor_op_broadcast(dtype),
-            LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?,
-        )
-    } else {
-        p.map = folded.index_map()?;
-        (
-            kernels::tensor_op_strided(dtype),
-            grid_stride_config(len, gpu.sm_count)?,
-        )
-    };
-    let kernel = kernel
-        .ok_or_else(|| Error::unsupported(format!("tensor ops on {dtype} tensors on the GPU")))?;
-    gpu.launch(kernel, cfg, &p, &ptrs)
+        let kernel =
+            kernels::tensor_op_broadcast(dtype).ok_or_else(|| Error::unsupported(what()))?;
+        return gpu.launch(kernel, packed_config(len, dtype.size_bytes())?, &p, &ptrs);
+    }
+    let plan = ElementwisePlan::new(&folded, dtype.size_bytes(), gpu.sm_count)?;
+    let kernel = plan.kernel(
+        kernels::tensor_op_packed(dtype),
+        kernels::tensor_op_strided(dtype),
+        what,
+    )?;
+    p.map = plan.map.unwrap_or_default();
+    gpu.launch(kernel, plan.cfg, &p, &ptrs)
 }
 
 /// The input (0 = a, 1 = b) that alone is not laid out like a dense, row-major `c`, when
@@ -339,23 +331,11 @@ pub fn transform_tensor(
             let unsupported =
                 || Error::unsupported(format!("transform from {src} to {dst} on the GPU"));
             let folded = fold(x_desc.dims(), [x_desc.strides(), y_desc.strides()], 1);
-            let len = folded.len() as u64;
             let ptrs = [device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?];
-            if folded.is_packed() {
-                let p = TransformParams {
-                    alpha: alpha32,
-                    beta: beta32,
-                    len,
-                    map: Default::default(),
-                };
-                let per_thread =
-                    packed_elements_per_thread(src.size_bytes().max(dst.size_bytes())) as u64;
-                let cfg = LaunchConfig::for_threads(len.div_ceil(per_thread), BLOCK_THREADS)?;
-                let kernel = kernels::transform_packed(src, dst).ok_or_else(unsupported)?;
-                // SAFETY: both buffers hold `len` dense elements.
-                return unsafe { gpu.launch(kernel, cfg, &p, &ptrs) };
-            }
-            if let Some(p) = transpose_plan(&folded, alpha32, beta32)? {
+            if let (false, Some(p)) = (
+                folded.is_packed(),
+                transpose_plan(&folded, alpha32, beta32)?,
+            ) {
                 let blocks =
                     p.tiles_a.divisor as u64 * p.tiles_b.divisor as u64 * batch_len(&p) as u64;
                 let cfg = LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?;
@@ -363,15 +343,22 @@ pub fn transform_tensor(
                 // SAFETY: the plan's offsets stay inside both spans (same dims, own strides).
                 return unsafe { gpu.launch(kernel, cfg, &p, &ptrs) };
             }
+            let widest = src.size_bytes().max(dst.size_bytes());
+            let plan = ElementwisePlan::new(&folded, widest, gpu.sm_count)?;
+            let kernel = plan.kernel(
+                kernels::transform_packed(src, dst),
+                kernels::transform_strided(src, dst),
+                || format!("transform from {src} to {dst} on the GPU"),
+            )?;
             let p = TransformParams {
                 alpha: alpha32,
                 beta: beta32,
-                len,
-                map: folded.index_map()?,
+                len: folded.len() as u64,
+                map: plan.map.unwrap_or_default(),
             };
-            let kernel = kernels::transform_strided(src, dst).ok_or_else(unsupported)?;
-            // SAFETY: the folded map's offsets stay inside both spans.
-            unsafe { gpu.launch(kernel, grid_stride_config(len, gpu.sm_count)?, &p, &ptrs) }
+            // SAFETY: dense operands hold `len` elements; otherwise the folded map's offsets
+            // stay inside both spans.
+            unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
         }
     }
 }
