@@ -280,7 +280,7 @@ fn bad_inputs_are_rejected_with_typed_errors() {
         let e = transform_tensor(h, 1.0, &d, &a, 0.0, &other, &mut c).unwrap_err();
         assert!(matches!(e, Error::BadParam { arg: "y_desc", .. }), "{e}");
         let overlapping =
-            TensorDescriptor::new(DataType::F32, &[2, 3, 4, 5], &[0 + 1, 1, 1, 1]).unwrap();
+            TensorDescriptor::new(DataType::F32, &[2, 3, 4, 5], &[1, 1, 1, 1]).unwrap();
         let e = transform_tensor(h, 1.0, &overlapping, &a, 0.0, &overlapping, &mut c).unwrap_err();
         assert!(matches!(e, Error::BadParam { arg: "y_desc", .. }), "{e}");
     }

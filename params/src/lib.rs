@@ -380,8 +380,10 @@ mod tests {
 
     #[test]
     fn index_map_walks_row_major() {
-        let mut m = IndexMap::<2>::default();
-        m.rank = 3;
+        let mut m = IndexMap::<2> {
+            rank: 3,
+            ..Default::default()
+        };
         m.dims[0] = FastDivisor::new(2);
         m.dims[1] = FastDivisor::new(3);
         m.dims[2] = FastDivisor::new(4);

@@ -13,6 +13,7 @@ pub(crate) struct Folded<const N: usize> {
     pub strides: [Vec<usize>; N],
 }
 
+#[allow(clippy::needless_range_loop)] // `k` walks operands across several arrays
 /// Folds `dims` with the operands' `strides`, ordering by operand `lead` (largest stride
 /// outermost), so that consecutive threads walk `lead` contiguously.
 pub(crate) fn fold<const N: usize>(
@@ -64,6 +65,7 @@ impl<const N: usize> Folded<N> {
     }
 }
 
+#[allow(clippy::needless_range_loop)]
 /// The device form of `dims` with per-operand `strides`.
 pub(crate) fn index_map<const N: usize>(
     dims: &[usize],
@@ -81,8 +83,10 @@ pub(crate) fn index_map<const N: usize>(
             dims.len()
         )));
     }
-    let mut map = IndexMap::<N>::default();
-    map.rank = dims.len() as u32;
+    let mut map = IndexMap::<N> {
+        rank: dims.len() as u32,
+        ..Default::default()
+    };
     for (d, &n) in dims.iter().enumerate() {
         map.dims[d] = FastDivisor::new(n as u32);
         for k in 0..N {

@@ -401,9 +401,11 @@ fn transpose_plan(
         rest.iter().map(|&d| f.strides[1][d]).collect(),
     ];
     let tile = TRANSPOSE_TILE as usize;
-    let even = |v: &[usize]| v.iter().all(|s| s % 2 == 0);
-    let load_pairs = f.dims[a] % 2 == 0 && f.strides[0][b] % 2 == 0 && even(&strides[0]);
-    let store_pairs = f.dims[b] % 2 == 0 && f.strides[1][a] % 2 == 0 && even(&strides[1]);
+    let even = |v: &[usize]| v.iter().all(|s| s.is_multiple_of(2));
+    let load_pairs =
+        f.dims[a].is_multiple_of(2) && f.strides[0][b].is_multiple_of(2) && even(&strides[0]);
+    let store_pairs =
+        f.dims[b].is_multiple_of(2) && f.strides[1][a].is_multiple_of(2) && even(&strides[1]);
     let (tiles_a, tiles_b) = (f.dims[a].div_ceil(tile), f.dims[b].div_ceil(tile));
     let batch_blocks = dims.iter().product::<usize>();
     if tiles_a.saturating_mul(tiles_b).saturating_mul(batch_blocks) > i32::MAX as usize {
