@@ -181,7 +181,12 @@ macro_rules! with_kind {
 unsafe fn fwd_packed<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_packed::<T, T, 1>(p.len, [x], y, p.beta != 0.0, |[xv], old| {
-            blend(p.alpha, forward(K, p.coef, xv, T::LOW_PRECISION), p.beta, || old)
+            blend(
+                p.alpha,
+                forward(K, p.coef, xv, T::LOW_PRECISION),
+                p.beta,
+                || old,
+            )
         })
     })
 }
@@ -190,7 +195,12 @@ unsafe fn fwd_packed<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T
 unsafe fn fwd_strided<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_strided::<T, T, 1, 2>(p.len, &p.map, [x], y, p.beta != 0.0, |[xv], old| {
-            blend(p.alpha, forward(K, p.coef, xv, T::LOW_PRECISION), p.beta, || old)
+            blend(
+                p.alpha,
+                forward(K, p.coef, xv, T::LOW_PRECISION),
+                p.beta,
+                || old,
+            )
         })
     })
 }
@@ -199,7 +209,12 @@ unsafe fn fwd_strided<T: Element>(p: &ActivationFwdParams, x: *const T, y: *mut 
 unsafe fn bwd_packed<T: Element>(p: &ActivationBwdParams, dy: *const T, x: *const T, dx: *mut T) {
     with_kind!(ActivationKind::from_u32(p.kind), |K| {
         map_packed::<T, T, 2>(p.len, [dy, x], dx, p.beta != 0.0, |[dyv, xv], old| {
-            blend(p.alpha, derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv, p.beta, || old)
+            blend(
+                p.alpha,
+                derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv,
+                p.beta,
+                || old,
+            )
         })
     })
 }
@@ -213,7 +228,14 @@ unsafe fn bwd_strided<T: Element>(p: &ActivationBwdParams, dy: *const T, x: *con
             [dy, x],
             dx,
             p.beta != 0.0,
-            |[dyv, xv], old| blend(p.alpha, derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv, p.beta, || old),
+            |[dyv, xv], old| {
+                blend(
+                    p.alpha,
+                    derivative(K, p.coef, xv, T::LOW_PRECISION) * dyv,
+                    p.beta,
+                    || old,
+                )
+            },
         )
     })
 }

@@ -127,7 +127,12 @@ pub fn warp_reduce<T: Copy>(v: T, combine: impl Fn(T, T) -> T, shfl: impl Fn(T, 
 /// Combines `v` within each aligned group of `width` lanes (a power of two <= 32); every
 /// lane gets its group's result. The whole warp must be converged.
 #[inline(always)]
-pub fn group_reduce<T: Copy>(mut v: T, width: u32, combine: impl Fn(T, T) -> T, shfl: impl Fn(T, u32) -> T) -> T {
+pub fn group_reduce<T: Copy>(
+    mut v: T,
+    width: u32,
+    combine: impl Fn(T, T) -> T,
+    shfl: impl Fn(T, u32) -> T,
+) -> T {
     let mut mask = width / 2;
     while mask > 0 {
         v = combine(v, shfl(v, mask));

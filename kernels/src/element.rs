@@ -150,7 +150,13 @@ macro_rules! half_element {
             }
             #[inline(always)]
             fn pack<const K: usize>(v: [f32; K]) -> Vec16 {
-                core::array::from_fn(|i| if 2 * i + 1 < K { $pair_from_f32(v[2 * i], v[2 * i + 1]) } else { 0 })
+                core::array::from_fn(|i| {
+                    if 2 * i + 1 < K {
+                        $pair_from_f32(v[2 * i], v[2 * i + 1])
+                    } else {
+                        0
+                    }
+                })
             }
             #[inline(always)]
             unsafe fn load_pair(p: *const Self) -> [f32; 2] {
@@ -165,8 +171,18 @@ macro_rules! half_element {
     };
 }
 
-half_element!(F16, device::f16_to_f32, device::f32_to_f16, device::f32x2_to_f16x2);
-half_element!(Bf16, device::bf16_to_f32, device::f32_to_bf16, device::f32x2_to_bf16x2);
+half_element!(
+    F16,
+    device::f16_to_f32,
+    device::f32_to_f16,
+    device::f32x2_to_f16x2
+);
+half_element!(
+    Bf16,
+    device::bf16_to_f32,
+    device::f32_to_bf16,
+    device::f32x2_to_bf16x2
+);
 
 /// Stamps out entry points for every element type: `$mac!(suffix, Type)` for each.
 #[macro_export]

@@ -6,7 +6,10 @@ use crate::device::{block_dim_x, global_thread_x, grid_dim_x, lane_id};
 use crate::element::Element;
 use oxidnn_params::{packed_vector_elements, FastDivisor, IndexMap, PACKED_VECTORS_PER_THREAD};
 
-const _: () = assert!(PACKED_VECTORS_PER_THREAD == 4, "the unrolled loops below list 4 vectors");
+const _: () = assert!(
+    PACKED_VECTORS_PER_THREAD == 4,
+    "the unrolled loops below list 4 vectors"
+);
 
 /// `out[i] = f([in_0[i], ..], out[i])` over `len` dense elements, laid out over threads as
 /// `oxidnn_params::PACKED_VECTORS_PER_THREAD` describes: all loads of a thread first, then
@@ -57,7 +60,11 @@ pub unsafe fn map_packed_broadcast<S: Element, T: Element, const N: usize, const
     read_out: bool,
     f: impl Fn([f32; N], f32) -> f32,
 ) {
-    let widest = if size_of::<S>() > size_of::<T>() { size_of::<S>() } else { size_of::<T>() };
+    let widest = if size_of::<S>() > size_of::<T>() {
+        size_of::<S>()
+    } else {
+        size_of::<T>()
+    };
     match packed_vector_elements(widest) {
         4 => map_vectors::<S, T, N, M, 4>(len, ins, broadcast, out, read_out, f),
         _ => map_vectors::<S, T, N, M, 8>(len, ins, broadcast, out, read_out, f),
@@ -66,7 +73,11 @@ pub unsafe fn map_packed_broadcast<S: Element, T: Element, const N: usize, const
 
 /// The `K` values of the broadcast input for the vector starting at element `at`.
 #[inline(always)]
-unsafe fn broadcast_vector<S: Element, const M: usize, const K: usize>(b: &Broadcast<'_, M>, p: *const S, at: u64) -> [f32; K] {
+unsafe fn broadcast_vector<S: Element, const M: usize, const K: usize>(
+    b: &Broadcast<'_, M>,
+    p: *const S,
+    at: u64,
+) -> [f32; K] {
     let (_, pos) = b.inner_len.div_rem(at as u32);
     let row_len = b.inner_len.divisor;
     if pos + K as u32 > row_len {

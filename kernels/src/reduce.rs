@@ -8,8 +8,8 @@
 
 use crate::activation::blend;
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, global_thread_x, grid_dim_x, grid_stride, lane_id,
-    group_reduce, shfl_xor_f32, shfl_xor_u32, sqrt, thread_idx_x,
+    block_dim_x, block_idx_x, block_reduce, global_thread_x, grid_dim_x, grid_stride, group_reduce,
+    lane_id, shfl_xor_f32, shfl_xor_u32, sqrt, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{ReduceOp, ReduceParams, ReducePartial};
@@ -113,7 +113,15 @@ unsafe fn write_output<T: Element>(
 /// Reduces the elements `first, first + step, ..` below `end` of the output whose first
 /// element is at `x_base`. Four independent accumulators keep four loads in flight.
 #[inline(always)]
-unsafe fn accumulate<T: Element>(p: &ReduceParams, op: ReduceOp, x: *const T, x_base: u64, first: u32, end: u32, step: u32) -> ReducePartial {
+unsafe fn accumulate<T: Element>(
+    p: &ReduceParams,
+    op: ReduceOp,
+    x: *const T,
+    x_base: u64,
+    first: u32,
+    end: u32,
+    step: u32,
+) -> ReducePartial {
     let load = |r: u64| {
         let [off] = p.red.offsets(r as u32);
         T::load(x.add((x_base + off) as usize))
@@ -122,7 +130,12 @@ unsafe fn accumulate<T: Element>(p: &ReduceParams, op: ReduceOp, x: *const T, x_
     let mut acc = [identity(op); 4];
     let mut r = first as u64;
     while r + 3 * step < end {
-        let v = [load(r), load(r + step), load(r + 2 * step), load(r + 3 * step)];
+        let v = [
+            load(r),
+            load(r + step),
+            load(r + 2 * step),
+            load(r + 3 * step),
+        ];
         for j in 0..4 {
             let at = r + j as u64 * step;
             acc[j] = combine(op, acc[j], contribution(op, v[j], at as u32));

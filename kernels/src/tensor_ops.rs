@@ -98,7 +98,12 @@ unsafe fn tensor_op_broadcast<T: Element>(p: &TensorOpParams, a: *const T, b: *c
 }
 
 #[inline(always)]
-unsafe fn tensor_op_broadcast_from<T: Element, const B: usize>(p: &TensorOpParams, a: *const T, b: *const T, c: *mut T) {
+unsafe fn tensor_op_broadcast_from<T: Element, const B: usize>(
+    p: &TensorOpParams,
+    a: *const T,
+    b: *const T,
+    c: *mut T,
+) {
     let read_c = p.beta != 0.0;
     let bc = Broadcast {
         input: B,
@@ -109,9 +114,21 @@ unsafe fn tensor_op_broadcast_from<T: Element, const B: usize>(p: &TensorOpParam
     };
     with_op!(PointwiseOp::from_u32(p.op), |OP| {
         if OP.reads_b() {
-            map_packed_broadcast::<T, T, 2, 3>(p.len, [a, b], Some(bc), c, read_c, |[av, bv], old| {
-                blend(1.0, pointwise(OP, p.alpha1 * av, p.alpha2 * bv), p.beta, || old)
-            });
+            map_packed_broadcast::<T, T, 2, 3>(
+                p.len,
+                [a, b],
+                Some(bc),
+                c,
+                read_c,
+                |[av, bv], old| {
+                    blend(
+                        1.0,
+                        pointwise(OP, p.alpha1 * av, p.alpha2 * bv),
+                        p.beta,
+                        || old,
+                    )
+                },
+            );
         } else if B == 0 {
             // Unary ops (and add_tensor's CopyA) read `a` only.
             map_packed_broadcast::<T, T, 1, 3>(p.len, [a], Some(bc), c, read_c, |[av], old| {
@@ -164,7 +181,10 @@ const ROWS: u32 = TRANSPOSE_BLOCK_ROWS;
 const PITCH: u32 = TILE + 1;
 /// Tile rows each thread moves.
 const STEPS: usize = (TILE / ROWS) as usize;
-const _: () = assert!(TILE * PITCH * 4 == 16640 && STEPS == 16, "the literals below");
+const _: () = assert!(
+    TILE * PITCH * 4 == 16640 && STEPS == 16,
+    "the literals below"
+);
 
 /// One `TILE`² tile per block of `TILE * ROWS` threads: coalesced reads along `a` (unit
 /// stride in x) into registers, then shared memory; coalesced writes along `b` (unit
