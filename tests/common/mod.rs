@@ -6,6 +6,7 @@
 use oxidnn::{Buffer, DataType, Handle, HostTensor, TensorDescriptor};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
+use std::io::Write;
 use std::sync::OnceLock;
 
 /// The GPU handle shared by a test binary's tests, or `None` (with the reason printed
@@ -15,7 +16,8 @@ pub fn gpu() -> Option<&'static Handle> {
     GPU.get_or_init(|| match Handle::new() {
         Ok(h) => Some(h),
         Err(e) => {
-            eprintln!("SKIP GPU tests: {e}");
+            // Straight to stderr: the test harness captures `eprintln!` of passing tests.
+            let _ = writeln!(std::io::stderr(), "SKIP GPU tests of this binary: {e}");
             None
         }
     })
@@ -26,7 +28,15 @@ pub fn gpu() -> Option<&'static Handle> {
 pub fn with_gpu(test: &str, f: impl FnOnce(&Handle)) {
     match gpu() {
         Some(h) => f(h),
-        None => eprintln!("skipped {test}: no GPU"),
+        None => {
+            // Once per test (property tests call this for every case).
+            static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+            if !said.iter().any(|t| t == test) {
+                said.push(test.to_string());
+                let _ = writeln!(std::io::stderr(), "skipped {test}: no GPU");
+            }
+        }
     }
 }
 
