@@ -42,7 +42,8 @@ pub use error::{Error, Result};
 pub use handle::Handle;
 pub use host_tensor::{for_each_index, HostTensor};
 pub use ops::activation::{
-    activation_backward, activation_forward, ActivationDescriptor, ActivationMode,
+    activation_backward, activation_forward, activation_forward_in_place, ActivationDescriptor,
+    ActivationMode,
 };
 pub use ops::reduce::{
     reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,

@@ -187,6 +187,40 @@ fn gpu_large_packed_tensors_with_ragged_tails() {
     });
 }
 
+/// In place (x == y) equals the out-of-place result, on the CPU handle and the GPU, for
+/// packed and padded layouts.
+#[test]
+fn in_place_forward_matches_out_of_place() {
+    let cpu = Handle::cpu();
+    let mut handles = vec![&cpu];
+    if let Some(g) = gpu() {
+        handles.push(g);
+    }
+    for h in handles {
+        for dt in DataType::GPU {
+            let packed = TensorDescriptor::packed(dt, &[3, 1000]).unwrap();
+            let padded = TensorDescriptor::new(dt, &[3, 1000], &[1003, 1]).unwrap();
+            for d in [packed, padded] {
+                let t = random(d, -3.0, 3.0, &mut rng(7));
+                for act in [ActivationDescriptor::gelu(), ActivationDescriptor::relu()] {
+                    for (alpha, beta) in [(1.0, 0.0), (0.5, 0.25)] {
+                        let x = upload_poisoned(h, &t, false);
+                        let mut y = upload_poisoned(h, &t, false);
+                        activation_forward(h, &act, alpha, &d, &x, beta, &d, &mut y).unwrap();
+                        let mut z = upload_poisoned(h, &t, false);
+                        activation_forward_in_place(h, &act, alpha, beta, &d, &mut z).unwrap();
+                        assert_eq!(
+                            h.read_bytes(&y).unwrap(),
+                            h.read_bytes(&z).unwrap(),
+                            "{act:?} {d:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn gpu_nan_propagates_and_nan_in_y_does_not_leak_with_beta_zero() {
     with_gpu("gpu_nan_propagates", |h| {

@@ -118,15 +118,48 @@ pub fn activation_forward(
     y_desc: &TensorDescriptor,
     y: &mut Buffer,
 ) -> Result<()> {
+    forward(handle, act, alpha, Some((x_desc, x)), beta, y_desc, y)
+}
+
+/// In place: `y = alpha * f(y) + beta * y` (cudnnActivationForward with `x == y`, which
+/// Rust's borrows cannot express through [`activation_forward`]).
+pub fn activation_forward_in_place(
+    handle: &Handle,
+    act: &ActivationDescriptor,
+    alpha: f64,
+    beta: f64,
+    y_desc: &TensorDescriptor,
+    y: &mut Buffer,
+) -> Result<()> {
+    forward(handle, act, alpha, None, beta, y_desc, y)
+}
+
+/// The forward pass; `x == None` reads `y` itself (each element is read and then written
+/// by the same thread, which the kernels allow).
+fn forward(
+    handle: &Handle,
+    act: &ActivationDescriptor,
+    alpha: f64,
+    x: Option<(&TensorDescriptor, &Buffer)>,
+    beta: f64,
+    y_desc: &TensorDescriptor,
+    y: &mut Buffer,
+) -> Result<()> {
+    let x_desc = x.map_or(y_desc, |(d, _)| d);
     check_same_dims("y_desc", x_desc, y_desc)?;
     check_same_dtype("y_desc", x_desc, y_desc)?;
     check_output("y_desc", y_desc)?;
-    handle.check_tensor("x", x_desc, x)?;
+    if let Some((d, b)) = x {
+        handle.check_tensor("x", d, b)?;
+    }
     handle.check_tensor("y", y_desc, y)?;
     let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
     match &handle.backend {
         Backend::Cpu => {
-            let xt = host_read(x_desc, x)?;
+            let xt = match x {
+                Some((d, b)) => host_read(d, b)?,
+                None => host_read(y_desc, y)?,
+            };
             let mut yt = host_read(y_desc, y)?;
             reference::activation::forward(act, alpha, &xt, beta, &mut yt);
             host_write(&yt, y)
@@ -148,9 +181,14 @@ pub fn activation_forward(
                 len: folded.len() as u64,
                 map: plan.map.unwrap_or_default(),
             };
-            let ptrs = [device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?];
+            let x_ptr = match x {
+                Some((_, b)) => device_ptr(gpu, b)?,
+                None => device_ptr_mut(gpu, y)?,
+            };
+            let ptrs = [x_ptr, device_ptr_mut(gpu, y)?];
             // SAFETY: both buffers hold their descriptors' spans (checked above) and the
-            // folded map only produces offsets inside those spans.
+            // folded map only produces offsets inside those spans; in place, x and y share
+            // one descriptor, so every element is read and written at the same offset.
             unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
         }
     }
