@@ -191,12 +191,7 @@ fn gpu_large_packed_tensors_with_ragged_tails() {
 /// packed and padded layouts.
 #[test]
 fn in_place_forward_matches_out_of_place() {
-    let cpu = Handle::cpu();
-    let mut handles = vec![&cpu];
-    if let Some(g) = gpu() {
-        handles.push(g);
-    }
-    for h in handles {
+    for h in handles() {
         for dt in DataType::GPU {
             let packed = TensorDescriptor::packed(dt, &[3, 1000]).unwrap();
             let padded = TensorDescriptor::new(dt, &[3, 1000], &[1003, 1]).unwrap();
@@ -245,12 +240,7 @@ fn gpu_nan_propagates_and_nan_in_y_does_not_leak_with_beta_zero() {
 /// present) the GPU handle: each returns its typed error, never panics.
 #[test]
 fn bad_inputs_are_rejected_with_typed_errors() {
-    let cpu = Handle::cpu();
-    let mut handles = vec![&cpu];
-    if let Some(g) = gpu() {
-        handles.push(g);
-    }
-    for h in handles {
+    for h in handles() {
         let d = TensorDescriptor::nchw(DataType::F32, 2, 3, 4, 5).unwrap();
         let x = h.alloc(&d).unwrap();
         let mut y = h.alloc(&d).unwrap();
@@ -281,6 +271,11 @@ fn bad_inputs_are_rejected_with_typed_errors() {
         let stranger = Handle::cpu().alloc(&d).unwrap();
         let e = activation_forward(h, &relu, 1.0, &d, &stranger, 0.0, &d, &mut y).unwrap_err();
         assert!(matches!(e, Error::BadParam { arg: "x", .. }), "{e}");
+
+        let e = activation_forward_in_place(h, &relu, 1.0, 0.0, &d, &mut short).unwrap_err();
+        assert!(matches!(e, Error::BufferTooSmall { arg: "y", .. }), "{e}");
+        let e = activation_forward_in_place(h, &relu, 1.0, 0.0, &overlapping, &mut y).unwrap_err();
+        assert!(matches!(e, Error::BadParam { arg: "y_desc", .. }), "{e}");
 
         let e = activation_backward(
             h,

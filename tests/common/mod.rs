@@ -24,6 +24,15 @@ pub fn gpu() -> Option<&'static Handle> {
     .as_ref()
 }
 
+/// The CPU handle and, where one is usable, the GPU handle: for tests (bad inputs, API
+/// behaviour) that every backend must pass alike.
+pub fn handles() -> Vec<&'static Handle> {
+    static CPU: OnceLock<Handle> = OnceLock::new();
+    let mut all = vec![CPU.get_or_init(Handle::cpu)];
+    all.extend(gpu());
+    all
+}
+
 /// Runs `f` with the GPU handle, or prints that the test skipped.
 pub fn with_gpu(test: &str, f: impl FnOnce(&Handle)) {
     match gpu() {
