@@ -40,7 +40,7 @@ fn main() {
         ));
     }
 
-    let ptx = build_kernels(&kernels, &out, &arch);
+    let ptx = declare_dynamic_smem(&build_kernels(&kernels, &out, &arch));
     let embedded = out.join("oxidnn_kernels.ptx");
     fs::write(&embedded, &ptx)
         .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
@@ -103,6 +103,23 @@ fn build_kernels(kernels: &Path, out: &Path, arch: &str) -> String {
         .unwrap_or_else(|e| fail(&format!("reading {}: {e}", ptx_path.display())))
 }
 
+/// The module-scope symbol of dynamic shared memory that `device::dynamic_smem` names.
+const DYNAMIC_SMEM: &str = ".extern .shared .align 16 .b8 oxidnn_dyn_smem[];";
+
+/// Adds the dynamic shared-memory declaration after the PTX header: inline asm, where the
+/// kernels name it, sits inside functions, and PTX accepts `.extern` only at module scope.
+fn declare_dynamic_smem(ptx: &str) -> String {
+    let header_end = ptx
+        .find(".address_size 64")
+        .map(|i| i + ".address_size 64".len())
+        .unwrap_or_else(|| fail("the kernel PTX has no `.address_size 64` header"));
+    format!(
+        "{}\n{DYNAMIC_SMEM}\n{}",
+        &ptx[..header_end],
+        &ptx[header_end..]
+    )
+}
+
 /// The names of the `.entry` functions in the PTX, sorted.
 fn entry_names(ptx: &str) -> Vec<String> {
     let mut names: Vec<String> = ptx
@@ -147,6 +164,14 @@ fn generate(names: &[String], arch: &str) -> String {
         let _ = writeln!(s, "    {n:?},");
     }
     let _ = writeln!(s, "];");
+    let _ = writeln!(
+        s,
+        "/// The entry point named `name`, if the PTX has one (for names built at run time)."
+    );
+    let _ = writeln!(
+        s,
+        "pub fn lookup(name: &str) -> Option<&'static str> {{ ALL.iter().copied().find(|n| *n == name) }}"
+    );
     let mut families: BTreeMap<String, Vec<(Vec<&str>, String)>> = BTreeMap::new();
     for n in names {
         let (base, dts) = split_dtypes(n);

@@ -22,20 +22,24 @@
 //!
 //! Without libcudnn only oxidnn is timed; without a GPU the program says why and exits 0.
 
+mod common;
+
+use common::{
+    copy_async, dev, dev_mut, device_address, filter_arg, fmt_opt, open_csv, open_gpu,
+    poison_async, quick_mode, random_bytes, relative_error, Context, Res, Timer,
+};
 use cudarc::cudnn::sys as cudnn_sys;
-use cudarc::driver::{sys as cu_sys, CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 use oxidnn::{
     activation_backward, activation_forward, add_tensor, op_tensor, reduce_tensor,
     reduce_tensor_workspace_size, scale_tensor, set_tensor, transform_tensor, ActivationDescriptor,
     Buffer, DataType, Handle, OpTensorOp, ReduceOp, ReduceTensorDescriptor, TensorDescriptor,
 };
 use std::ffi::c_void;
-use std::fmt::Display;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Untimed calls per library before the timed ones.
 const WARMUP: usize = 5;
@@ -47,9 +51,6 @@ const MAX_SIDES: usize = 2;
 const ROTATION_MIN_BYTES: usize = 200 << 20;
 /// Size of the copy that sets the bandwidth reference.
 const COPY_BYTES: usize = 1 << 30;
-/// How long the stream gate waits for the host to queue the timed calls (which takes
-/// milliseconds; the limit only matters if a library call blocks on the stream).
-const GATE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Inputs are uniform in `[-INPUT_RANGE, INPUT_RANGE]`, never closer to 0 than
 /// `INPUT_MIN_MAGNITUDE`.
 const INPUT_RANGE: f32 = 2.0;
@@ -82,19 +83,6 @@ fn main() -> ExitCode {
             eprintln!("vs_cudnn: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-type Res<T> = Result<T, String>;
-
-/// Adds what was being done to any displayable error.
-trait Context<T> {
-    fn context(self, what: &str) -> Res<T>;
-}
-
-impl<T, E: Display> Context<T> for Result<T, E> {
-    fn context(self, what: &str) -> Res<T> {
-        self.map_err(|e| format!("{what}: {e}"))
     }
 }
 
@@ -450,142 +438,9 @@ impl Set {
     }
 }
 
-fn device_address(b: &Buffer) -> Res<u64> {
-    b.device_address()
-        .ok_or_else(|| "a GPU handle made a host buffer".to_string())
-}
-
-/// Copies the first `bytes` of `src` to `dst` on `stream`.
-fn copy_async(stream: &CudaStream, dst: &mut Buffer, src: &Buffer, bytes: usize) -> Res<()> {
-    assert!(bytes <= dst.len_bytes() && bytes <= src.len_bytes());
-    let (d, s) = (device_address(dst)?, device_address(src)?);
-    // SAFETY: both are live device allocations of at least `bytes` bytes (asserted) in the
-    // stream's context; every other user of them is ordered on the same stream.
-    unsafe { cu_sys::cuMemcpyDtoDAsync_v2(d, s, bytes, stream.cu_stream()) }
-        .result()
-        .context("cuMemcpyDtoDAsync")
-}
-
-/// Fills `buf` with 0xFF bytes (NaN in every float type), so an output a library fails to
-/// write cannot pass the check with the other library's values.
-fn poison_async(stream: &CudaStream, buf: &mut Buffer) -> Res<()> {
-    let d = device_address(buf)?;
-    // SAFETY: `d` is a live device allocation of `len_bytes` bytes; its users share the stream.
-    unsafe { cu_sys::cuMemsetD8Async(d, 0xFF, buf.len_bytes(), stream.cu_stream()) }
-        .result()
-        .context("cuMemsetD8Async")
-}
-
 // ---------------------------------------------------------------------------------------
 // Host data
 // ---------------------------------------------------------------------------------------
-
-/// splitmix64: a small, fast, seedable generator.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-fn encode(dtype: DataType, v: f32, out: &mut [u8]) {
-    match dtype {
-        DataType::F32 => out.copy_from_slice(&v.to_le_bytes()),
-        DataType::F16 => out.copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-        DataType::BF16 => out.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
-        DataType::F64 => out.copy_from_slice(&f64::from(v).to_le_bytes()),
-    }
-}
-
-fn decode(dtype: DataType, b: &[u8]) -> f64 {
-    match dtype {
-        DataType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]).into(),
-        DataType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DataType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DataType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-    }
-}
-
-/// Threads for host work on `elements` elements.
-fn host_threads(elements: usize) -> usize {
-    if elements < 1 << 20 {
-        1
-    } else {
-        std::thread::available_parallelism()
-            .map_or(1, std::num::NonZero::get)
-            .min(32)
-    }
-}
-
-/// `count` elements uniform in [-INPUT_RANGE, INPUT_RANGE], none near zero, encoded as `dtype`.
-fn random_bytes(dtype: DataType, count: usize, seed: u64) -> Vec<u8> {
-    let size = dtype.size_bytes();
-    let mut bytes = vec![0u8; count * size];
-    let chunk = count.div_ceil(host_threads(count)).max(1) * size;
-    std::thread::scope(|s| {
-        for (i, part) in bytes.chunks_mut(chunk).enumerate() {
-            s.spawn(move || {
-                let mut rng = SplitMix(
-                    seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
-                        ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9),
-                );
-                for out in part.chunks_exact_mut(size) {
-                    let v = INPUT_RANGE * (2.0 * rng.next_f32() - 1.0);
-                    let v = if v.abs() < INPUT_MIN_MAGNITUDE {
-                        INPUT_MIN_MAGNITUDE.copysign(v)
-                    } else {
-                        v
-                    };
-                    encode(dtype, v, out);
-                }
-            });
-        }
-    });
-    bytes
-}
-
-/// ||got - want|| / ||want|| over two encoded tensors (NaN if either holds a NaN or inf).
-fn relative_error(dtype: DataType, got: &[u8], want: &[u8]) -> f64 {
-    let size = dtype.size_bytes();
-    let count = want.len() / size;
-    let chunk = count.div_ceil(host_threads(count)).max(1) * size;
-    let (diff2, want2) = std::thread::scope(|s| {
-        let parts: Vec<_> = got
-            .chunks(chunk)
-            .zip(want.chunks(chunk))
-            .map(|(g, w)| {
-                s.spawn(move || {
-                    let (mut diff2, mut want2) = (0.0f64, 0.0f64);
-                    for (a, b) in g.chunks_exact(size).zip(w.chunks_exact(size)) {
-                        let (a, b) = (decode(dtype, a), decode(dtype, b));
-                        diff2 += (a - b) * (a - b);
-                        want2 += b * b;
-                    }
-                    (diff2, want2)
-                })
-            })
-            .collect();
-        parts
-            .into_iter()
-            .map(|p| p.join().unwrap_or((f64::NAN, f64::NAN)))
-            .fold((0.0, 0.0), |(d, w), (pd, pw)| (d + pd, w + pw))
-    });
-    if want2 > 0.0 {
-        (diff2 / want2).sqrt()
-    } else {
-        diff2.sqrt()
-    }
-}
 
 fn tolerance(dtype: DataType) -> f64 {
     match dtype {
@@ -597,172 +452,6 @@ fn tolerance(dtype: DataType) -> f64 {
 // ---------------------------------------------------------------------------------------
 // Timing
 // ---------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct GateState {
-    open: AtomicBool,
-    timed_out: AtomicBool,
-}
-
-/// Holds back a stream: work queued after `close` starts only once `open` is called (or
-/// GATE_TIMEOUT passes), so a batch of launches runs back to back on the device whatever
-/// the host's launch overhead. Dropping the gate opens it.
-struct Gate(Arc<GateState>);
-
-/// The stream callback of a gate: waits until the gate opens.
-///
-/// # Safety
-/// `user` is a pointer from `Arc::into_raw` of an `Arc<GateState>` whose count this call
-/// owns; it is called at most once per such pointer.
-unsafe extern "C" fn hold_stream(user: *mut c_void) {
-    // SAFETY: per the contract above, this reclaims exactly the count `Gate::close` leaked.
-    let state = unsafe { Arc::from_raw(user.cast::<GateState>().cast_const()) };
-    let start = Instant::now();
-    while !state.open.load(Ordering::Acquire) {
-        if start.elapsed() > GATE_TIMEOUT {
-            state.timed_out.store(true, Ordering::Release);
-            return;
-        }
-        std::thread::yield_now();
-    }
-}
-
-impl Gate {
-    fn close(stream: &CudaStream) -> Res<Self> {
-        let state = Arc::new(GateState::default());
-        let user = Arc::into_raw(Arc::clone(&state))
-            .cast_mut()
-            .cast::<c_void>();
-        // SAFETY: `hold_stream` has the CUhostFn signature and takes ownership of the count
-        // leaked into `user`; the driver calls it once, on a driver thread, and it makes no
-        // CUDA calls. The stream is a live stream of the current context.
-        let launched =
-            unsafe { cu_sys::cuLaunchHostFunc(stream.cu_stream(), Some(hold_stream), user) }
-                .result();
-        if let Err(e) = launched {
-            // SAFETY: the launch failed, so the callback never runs; the count is ours again.
-            drop(unsafe { Arc::from_raw(user.cast::<GateState>().cast_const()) });
-            return Err(format!("cuLaunchHostFunc: {e}"));
-        }
-        Ok(Self(state))
-    }
-
-    fn open(&self) {
-        self.0.open.store(true, Ordering::Release);
-    }
-
-    /// Whether the gate gave up waiting (meaningful once the stream has passed it).
-    fn timed_out(&self) -> bool {
-        self.0.timed_out.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-    }
-}
-
-/// Median device times (us) of each side.
-struct Measurement {
-    median_us: Vec<f64>,
-    /// False if the gate timed out: then host launch overhead may be in the times.
-    gated: bool,
-}
-
-/// CUDA events on the handle's stream, reused by every measurement.
-struct Timer {
-    stream: Arc<CudaStream>,
-    starts: Vec<CudaEvent>,
-    ends: Vec<CudaEvent>,
-}
-
-impl Timer {
-    fn new(stream: &Arc<CudaStream>) -> Res<Self> {
-        let ctx = stream.context();
-        let events = || -> Res<Vec<CudaEvent>> {
-            (0..MAX_SIDES * RUNS)
-                .map(|_| {
-                    ctx.new_event(Some(cu_sys::CUevent_flags::CU_EVENT_DEFAULT))
-                        .context("cuEventCreate")
-                })
-                .collect()
-        };
-        Ok(Self {
-            stream: Arc::clone(stream),
-            starts: events()?,
-            ends: events()?,
-        })
-    }
-
-    fn synchronize(&self) -> Res<()> {
-        self.stream.synchronize().context("cuStreamSynchronize")
-    }
-
-    /// Calls `call(side, invocation)` for each of `sides` sides in turn: WARMUP rounds, then
-    /// RUNS gated rounds, each call between its own two events. `invocation` counts every
-    /// call, so callers can rotate buffer sets with it.
-    fn measure(
-        &self,
-        sides: usize,
-        mut call: impl FnMut(usize, usize) -> Res<()>,
-    ) -> Res<Measurement> {
-        assert!(sides <= MAX_SIDES);
-        let mut invocation = 0;
-        for _ in 0..WARMUP {
-            for side in 0..sides {
-                call(side, invocation)?;
-                invocation += 1;
-            }
-        }
-        self.synchronize()?;
-        let gate = Gate::close(&self.stream)?;
-        for run in 0..RUNS {
-            for side in 0..sides {
-                let slot = side * RUNS + run;
-                self.starts[slot]
-                    .record(&self.stream)
-                    .context("cuEventRecord")?;
-                call(side, invocation)?;
-                invocation += 1;
-                self.ends[slot]
-                    .record(&self.stream)
-                    .context("cuEventRecord")?;
-            }
-        }
-        gate.open();
-        self.synchronize()?;
-        let mut median_us = Vec::with_capacity(sides);
-        for side in 0..sides {
-            let mut us = (0..RUNS)
-                .map(|run| {
-                    let slot = side * RUNS + run;
-                    self.starts[slot]
-                        .elapsed_ms(&self.ends[slot])
-                        .map(|ms| f64::from(ms) * 1e3)
-                        .context("cuEventElapsedTime")
-                })
-                .collect::<Res<Vec<f64>>>()?;
-            median_us.push(median(&mut us));
-        }
-        Ok(Measurement {
-            median_us,
-            gated: !gate.timed_out(),
-        })
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
 
 fn gb_per_s(bytes: u64, us: f64) -> f64 {
     bytes as f64 / (us * 1e-6) / 1e9
@@ -776,7 +465,7 @@ fn copy_bandwidth(h: &Handle, timer: &Timer) -> Res<f64> {
     let mut dst = h
         .alloc_bytes(COPY_BYTES)
         .context("allocating the copy destination")?;
-    let m = timer.measure(1, |_, _| {
+    let m = timer.measure(1, WARMUP, RUNS, |_, _| {
         copy_async(&timer.stream, &mut dst, &src, COPY_BYTES)
     })?;
     Ok(gb_per_s(2 * COPY_BYTES as u64, m.median_us[0]))
@@ -1098,14 +787,6 @@ impl Scalar {
     }
 }
 
-fn dev(addr: u64) -> *const c_void {
-    std::ptr::with_exposed_provenance(addr as usize)
-}
-
-fn dev_mut(addr: u64) -> *mut c_void {
-    std::ptr::with_exposed_provenance_mut(addr as usize)
-}
-
 /// Runs `op` through cuDNN on `set`'s buffers.
 ///
 /// Invariant behind every unsafe call below: the descriptors in `d` and `plan` are live
@@ -1398,9 +1079,11 @@ impl Group {
             s.wrapping_mul(31).wrapping_add(d as u64)
         });
         let elements = p.x.element_count();
-        let x = random_bytes(dtype, elements, seed);
-        let x2 = random_bytes(dtype, elements, seed ^ 0x5555);
-        let bias = random_bytes(dtype, p.channel.element_count(), seed ^ 0xAAAA);
+        let random =
+            |count, seed| random_bytes(dtype, count, seed, INPUT_RANGE, INPUT_MIN_MAGNITUDE);
+        let x = random(elements, seed);
+        let x2 = random(elements, seed ^ 0x5555);
+        let bias = random(p.channel.element_count(), seed ^ 0xAAAA);
         for set in &mut sets {
             b.handle
                 .write_bytes(&mut set.x, &x)
@@ -1569,16 +1252,17 @@ fn run_case(b: &Bench, g: &mut Group, op: Op) -> Row {
         .try_for_each(|set| prepare(b, op, p, set, &ox))
         .and_then(|()| {
             let count = g.sets.len();
-            b.timer.measure(sides.len(), |side, invocation| {
-                let set = &mut g.sets[invocation % count];
-                match (sides[side], &cu) {
-                    (Side::Oxidnn, _) => {
-                        run_oxidnn(&b.handle, &mut ox, op, p, set).context("oxidnn")
+            b.timer
+                .measure(sides.len(), WARMUP, RUNS, |side, invocation| {
+                    let set = &mut g.sets[invocation % count];
+                    match (sides[side], &cu) {
+                        (Side::Oxidnn, _) => {
+                            run_oxidnn(&b.handle, &mut ox, op, p, set).context("oxidnn")
+                        }
+                        (Side::Cudnn, Some((cu, d, plan))) => run_cudnn(cu, d, plan, op, p, set),
+                        (Side::Cudnn, None) => Err("internal: cuDNN side without a plan".into()),
                     }
-                    (Side::Cudnn, Some((cu, d, plan))) => run_cudnn(cu, d, plan, op, p, set),
-                    (Side::Cudnn, None) => Err("internal: cuDNN side without a plan".into()),
-                }
-            })
+                })
         });
     match timed {
         Ok(m) => {
@@ -1611,29 +1295,9 @@ struct Report {
     copy_gbps: f64,
 }
 
-fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
-    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.decimals$}"))
-}
-
 impl Report {
     fn new(copy_gbps: f64) -> Self {
-        let path = std::env::var("OXIDNN_BENCH_CSV").unwrap_or_else(|_| "bench-results.csv".into());
-        let csv = match std::fs::File::create(&path) {
-            Ok(f) => {
-                let mut w = std::io::BufWriter::new(f);
-                match writeln!(w, "{CSV_HEADER}") {
-                    Ok(()) => Some((path, w)),
-                    Err(e) => {
-                        eprintln!("vs_cudnn: writing {path}: {e}; no CSV");
-                        None
-                    }
-                }
-            }
-            Err(e) => {
-                eprintln!("vs_cudnn: creating {path}: {e}; no CSV");
-                None
-            }
-        };
+        let csv = open_csv("vs_cudnn", "bench-results.csv", CSV_HEADER);
         Self {
             rows: vec![],
             csv,
@@ -1776,10 +1440,10 @@ struct Args {
 
 impl Args {
     fn parse() -> Self {
-        // `cargo bench` passes `--bench`; flags are not filters.
-        let filter = std::env::args().skip(1).find(|a| !a.starts_with("--"));
-        let quick = std::env::var("OXIDNN_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-        Self { filter, quick }
+        Self {
+            filter: filter_arg(),
+            quick: quick_mode(),
+        }
     }
 
     fn selects(&self, dims: &[usize; 4], dtype: DataType, op: Op) -> bool {
@@ -1801,45 +1465,15 @@ impl Args {
     }
 }
 
-fn driver_version() -> String {
-    let mut v = 0i32;
-    // SAFETY: `v` is a valid out-pointer; the driver library is loaded (a handle exists).
-    match unsafe { cu_sys::cuDriverGetVersion(&mut v) }.result() {
-        Ok(()) => format!("{}.{}", v / 1000, v % 1000 / 10),
-        Err(e) => format!("unknown ({e})"),
-    }
-}
-
 fn run() -> Res<()> {
     let started = Instant::now();
     let args = Args::parse();
-    let handle = match Handle::new() {
-        Ok(h) => h,
-        Err(oxidnn::Error::NoGpu { reason }) => {
-            println!("vs_cudnn: no usable GPU, nothing to measure ({reason})");
-            return Ok(());
-        }
-        Err(e) => return Err(format!("opening GPU 0: {e}")),
+    let Some(gpu) = open_gpu("vs_cudnn")? else {
+        return Ok(());
     };
-    let stream = Arc::clone(handle.stream().ok_or("the GPU handle has no stream")?);
-    let ctx = stream.context();
-    ctx.bind_to_thread().context("cuCtxSetCurrent")?;
-    let attr = |a| ctx.attribute(a).unwrap_or(0);
-    let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
-    let sms = attr(cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
-    let l2 = usize::try_from(attr(
-        cu_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
-    ))
-    .unwrap_or(0);
-    let memory = ctx.total_mem().unwrap_or(0);
-    let device = handle.device_name();
+    let (handle, stream, device, l2) = (gpu.handle, gpu.stream, gpu.name, gpu.l2_bytes);
     println!("oxidnn vs cuDNN");
-    println!(
-        "device: {device} (sm_{major}{minor}, {sms} SMs, {:.1} GiB, L2 {} MiB), CUDA driver {}",
-        memory as f64 / (1u64 << 30) as f64,
-        l2 >> 20,
-        driver_version()
-    );
+    println!("{}", gpu.summary);
     let cudnn = match Cudnn::open(&stream) {
         Ok(cu) => {
             println!(
@@ -1855,7 +1489,7 @@ fn run() -> Res<()> {
             None
         }
     };
-    let timer = Timer::new(&stream)?;
+    let timer = Timer::new(&stream, MAX_SIDES * RUNS)?;
     let mut bench = Bench {
         cudnn,
         timer,

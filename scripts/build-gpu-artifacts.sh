@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds, on any machine (no GPU needed), every test binary, the demo and the cuDNN
-# comparison bench into gpu-artifacts/ (git-ignored), next to run-all.sh, which runs them
-# all on a GPU machine:   bash gpu-artifacts/run-all.sh [output-dir]
+# Builds, on any machine (no GPU needed), every test binary, the demo and the cuDNN and
+# cuBLAS (matmul) comparison benches into gpu-artifacts/ (git-ignored), next to run-all.sh,
+# which runs them all on a GPU machine:   bash gpu-artifacts/run-all.sh [output-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu-artifacts
@@ -26,13 +26,14 @@ done
 cargo build --release --bin oxidnn-demo
 cp target/release/oxidnn-demo "$out/"
 if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
-  cargo bench --features cudnn-bench --no-run --message-format=json | executables | while read -r kind name exe; do
+  cargo bench --features "cudnn-bench cublas-bench" --no-run --message-format=json | executables | while read -r kind name exe; do
     if [ "$kind" = bench ]; then cp "$exe" "$out/$name"; fi
   done
 fi
-strip "$out"/tests/* "$out"/oxidnn-demo "$out"/vs_cudnn 2>/dev/null || true
+strip "$out"/tests/* "$out"/oxidnn-demo "$out"/vs_cudnn "$out"/matmul_vs_cublas 2>/dev/null || true
 # The embedded PTX makes each binary ~10 MB; compressed, all of them travel in a few MB.
-(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $( [ -f vs_cudnn ] && echo vs_cudnn ) && rm -rf tests oxidnn-demo vs_cudnn)
+benches=$(cd "$out" && for b in vs_cudnn matmul_vs_cublas; do [ -f "$b" ] && echo "$b"; done; true)
+(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches && rm -rf tests oxidnn-demo vs_cudnn matmul_vs_cublas)
 cp scripts/run-all.sh "$out/run-all.sh"
 du -sh "$out"
 tar -tJf "$out/bundle.tar.xz"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs every oxidnn test binary, the demo and the cuDNN comparison bench on a GPU machine.
+# Runs every oxidnn test binary, the demo and the cuDNN and cuBLAS (matmul) comparison
+# benches on a GPU machine.
 # Made by scripts/build-gpu-artifacts.sh; usage: bash gpu-artifacts/run-all.sh [log-dir]
-# Set OXIDNN_SKIP_BENCH=1 to run the tests only.
+# Set OXIDNN_SKIP_BENCH=1 to run the tests only; OXIDNN_BENCH_ONLY=cudnn or =matmul to run
+# only that one of the two benches.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$here/logs}"
@@ -29,7 +31,11 @@ for t in "$here"/tests/*; do
 done
 echo "ALL TESTS: $passed passed, $failed failed"
 "$here/oxidnn-demo" 2>&1 | tee "$logs/demo.log"
-if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ -x "$here/vs_cudnn" ]; then
+only="${OXIDNN_BENCH_ONLY:-}"
+if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ "$only" != matmul ] && [ -x "$here/vs_cudnn" ]; then
   OXIDNN_BENCH_CSV="$logs/bench.csv" "$here/vs_cudnn" 2>&1 | tee "$logs/bench.log" | tail -80
+fi
+if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ "$only" != cudnn ] && [ -x "$here/matmul_vs_cublas" ]; then
+  OXIDNN_BENCH_CSV="$logs/matmul.csv" "$here/matmul_vs_cublas" 2>&1 | tee "$logs/matmul.log" | tail -60
 fi
 exit $status

@@ -43,16 +43,20 @@ pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     module: Module,
-    functions: Mutex<HashMap<&'static str, Function>>,
+    /// Each function used so far, with the dynamic shared memory it has been allowed.
+    functions: Mutex<HashMap<&'static str, (Function, u32)>>,
     pub(crate) sm_count: u32,
     pub(crate) name: String,
 }
 
-/// Launch geometry.
+/// Launch geometry: a `grid x grid_y` grid of `block`-thread blocks with `shared_bytes` of
+/// dynamic shared memory each.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaunchConfig {
     pub grid: u32,
+    pub grid_y: u32,
     pub block: u32,
+    pub shared_bytes: u32,
 }
 
 impl LaunchConfig {
@@ -66,7 +70,9 @@ impl LaunchConfig {
         }
         Ok(Self {
             grid: grid as u32,
+            grid_y: 1,
             block,
+            shared_bytes: 0,
         })
     }
 }
@@ -121,11 +127,42 @@ impl Gpu {
         })
     }
 
-    fn function(&self, name: &'static str) -> Result<Function> {
+    /// The function `name`, allowed `shared_bytes` of dynamic shared memory.
+    fn function(&self, name: &'static str, shared_bytes: u32) -> Result<Function> {
         let mut cache = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = cache.get(name) {
-            return Ok(*f);
+        let entry = match cache.get_mut(name) {
+            Some(e) => e,
+            None => {
+                let f = self.load_function(name)?;
+                cache.entry(name).or_insert((f, 0))
+            }
+        };
+        if shared_bytes > entry.1 {
+            let set = |attribute, value: u32| {
+                // SAFETY: `entry.0` is a valid function of the loaded module.
+                unsafe {
+                    result::function::set_function_attribute(entry.0 .0, attribute, value as i32)
+                }
+                .map_err(|e| Error::driver("cuFuncSetAttribute", e))
+            };
+            // Tiled kernels run more blocks per SM with the largest carveout; above the
+            // default 48 KB a kernel must also be allowed its dynamic shared memory.
+            set(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                100,
+            )?;
+            if shared_bytes > 48 * 1024 {
+                set(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared_bytes,
+                )?;
+            }
+            entry.1 = shared_bytes;
         }
+        Ok(entry.0)
+    }
+
+    fn load_function(&self, name: &'static str) -> Result<Function> {
         let cname = CString::new(name).map_err(|_| Error::bad("kernel", "name contains NUL"))?;
         // SAFETY: the module is loaded for the life of `self`.
         let raw = unsafe { result::module::get_function(self.module.raw, cname) }
@@ -151,9 +188,7 @@ impl Gpu {
             }
             .map_err(|e| Error::driver("cuFuncSetAttribute", e))?;
         }
-        let f = Function(raw);
-        cache.insert(name, f);
-        Ok(f)
+        Ok(Function(raw))
     }
 
     /// Launches `kernel(params, pointers..)` on the handle's stream.
@@ -169,7 +204,7 @@ impl Gpu {
         params: &P,
         pointers: &[u64],
     ) -> Result<()> {
-        let f = self.function(kernel)?;
+        let f = self.function(kernel, cfg.shared_bytes)?;
         let mut slots: Vec<*mut c_void> = Vec::with_capacity(1 + pointers.len());
         slots.push(params as *const P as *mut c_void);
         for p in pointers {
@@ -180,9 +215,9 @@ impl Gpu {
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
         result::launch_kernel(
             f.0,
-            (cfg.grid, 1, 1),
+            (cfg.grid, cfg.grid_y, 1),
             (cfg.block, 1, 1),
-            0,
+            cfg.shared_bytes,
             self.stream.cu_stream(),
             &mut slots,
         )
@@ -190,6 +225,27 @@ impl Gpu {
             kernel: kernel.to_string(),
             message: format!("{e:?}"),
         })
+    }
+
+    /// Milliseconds the work `f` enqueues on the stream takes, by events around it.
+    pub(crate) fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let event = || {
+            self.ctx
+                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| Error::driver("cuEventCreate", e))
+        };
+        let (start, end) = (event()?, event()?);
+        start
+            .record(&self.stream)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        f()?;
+        end.record(&self.stream)
+            .map_err(|e| Error::driver("cuEventRecord", e))?;
+        end.synchronize()
+            .map_err(|e| Error::driver("cuEventSynchronize", e))?;
+        start
+            .elapsed_ms(&end)
+            .map_err(|e| Error::driver("cuEventElapsedTime", e))
     }
 
     /// Waits for the stream; reports any asynchronous failure of earlier launches.

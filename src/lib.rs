@@ -45,6 +45,10 @@ pub use ops::activation::{
     activation_backward, activation_forward, activation_forward_in_place, ActivationDescriptor,
     ActivationMode,
 };
+pub use ops::matmul::{
+    find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
+    MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
+};
 pub use ops::reduce::{
     reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,
 };

@@ -31,6 +31,13 @@ pub fn block_idx_y() -> u32 {
     unsafe { nvptx::_block_idx_y() as u32 }
 }
 
+/// `gridDim.y`.
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: reads a special register.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
+
 /// `blockDim.x`.
 #[inline(always)]
 pub fn block_dim_x() -> u32 {
@@ -85,6 +92,52 @@ macro_rules! unroll {
     };
 }
 
+/// Calls `f(0) .. f(n - 1)` as straight-line code when `n` is a compile-time constant up to
+/// 16 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
+/// is unrolled whatever its body's size, so register arrays indexed by `i` stay in
+/// registers. Larger `n` runs as a plain loop.
+#[inline(always)]
+pub fn unrolled(n: usize, mut f: impl FnMut(usize)) {
+    macro_rules! arms {
+        ($($n:literal => [$($i:literal),*]),* $(,)?) => {
+            match n {
+                $($n => { $(f($i);)* })*
+                _ => {
+                    for i in 0..n {
+                        f(i)
+                    }
+                }
+            }
+        };
+    }
+    arms! {
+        0 => [],
+        1 => [0],
+        2 => [0, 1],
+        3 => [0, 1, 2],
+        4 => [0, 1, 2, 3],
+        5 => [0, 1, 2, 3, 4],
+        6 => [0, 1, 2, 3, 4, 5],
+        7 => [0, 1, 2, 3, 4, 5, 6],
+        8 => [0, 1, 2, 3, 4, 5, 6, 7],
+        16 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+    }
+}
+
+/// `unrolled!(i in n => body)`: [`unrolled`] with the body's closure forced inline (LLVM
+/// would otherwise outline a large body called `n` times, and the arrays it indexes would
+/// go to local memory with it).
+#[macro_export]
+macro_rules! unrolled {
+    ($i:pat in $n:expr => $body:expr) => {
+        $crate::device::unrolled(
+            $n,
+            #[inline(always)]
+            |$i| $body,
+        )
+    };
+}
+
 // ---------------------------------------------------------------------------------------
 // Barriers and warp collectives
 // ---------------------------------------------------------------------------------------
@@ -94,6 +147,18 @@ macro_rules! unroll {
 pub fn sync_threads() {
     // SAFETY: a block-wide barrier; callers keep it in uniform control flow.
     unsafe { nvptx::_syncthreads() }
+}
+
+/// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: a warp-wide barrier over all 32 lanes; callers keep the warp converged.
+    unsafe {
+        asm!(
+            "bar.warp.sync 0xffffffff;",
+            options(nostack, preserves_flags)
+        )
+    }
 }
 
 /// `__shfl_xor_sync(0xffffffff, v, mask)` on 32-bit words; the full warp must be converged.
@@ -486,6 +551,224 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     unsafe {
         asm!("fma.rn.f32 {o}, {a}, {b}, {c};", o = out(reg32) out,
              a = in(reg32) a, b = in(reg32) b, c = in(reg32) c,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared memory by address, asynchronous copies and tensor-core instructions
+// ---------------------------------------------------------------------------------------
+
+/// The shared-memory address of the kernel's dynamic shared memory (the size is set at
+/// launch). `build.rs` declares the module-scope `.extern .shared` symbol this names,
+/// since PTX accepts `.extern` only outside functions.
+#[inline(always)]
+pub fn dynamic_smem() -> u32 {
+    let a: u32;
+    // SAFETY: takes the address of a module-scope symbol; no memory access.
+    unsafe {
+        asm!("mov.u32 {a}, oxidnn_dyn_smem;", a = out(reg32) a,
+             options(pure, nomem, nostack, preserves_flags));
+    }
+    a
+}
+
+/// A 32-bit shared-memory load.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned shared address inside the block's allocation; barriers order
+/// it against other threads' writes.
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr,
+         options(readonly, nostack, preserves_flags));
+    v
+}
+
+/// A 32-bit shared-memory store.
+///
+/// # Safety
+/// As [`ld_shared_u32`].
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v,
+         options(nostack, preserves_flags));
+}
+
+/// A 16-byte shared-memory load.
+///
+/// # Safety
+/// As [`ld_shared_u32`], with 16-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg32) addr,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// An 8-byte shared-memory load.
+///
+/// # Safety
+/// As [`ld_shared_u32`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_shared_v2(addr: u32) -> [u32; 2] {
+    let (a, b): (u32, u32);
+    asm!(
+        "ld.shared.v2.u32 {{{a}, {b}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, p = in(reg32) addr,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b]
+}
+
+/// An 8-byte shared-memory store.
+///
+/// # Safety
+/// As [`ld_shared_v2`].
+#[inline(always)]
+pub unsafe fn st_shared_v2(addr: u32, v: [u32; 2]) {
+    asm!(
+        "st.shared.v2.u32 [{p}], {{{a}, {b}}};",
+        p = in(reg32) addr, a = in(reg32) v[0], b = in(reg32) v[1],
+        options(nostack, preserves_flags),
+    );
+}
+
+/// A 16-byte shared-memory store.
+///
+/// # Safety
+/// As [`ld_shared_v4`].
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: Vec16) {
+    asm!(
+        "st.shared.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+        p = in(reg32) addr,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack, preserves_flags),
+    );
+}
+
+/// `cp.async` of one 16-byte chunk, global -> shared, bypassing L1: the first `src_bytes`
+/// (0 to 16) come from `src`, the rest of the chunk is zero-filled.
+///
+/// # Safety
+/// `dst` is a 16-byte aligned shared address of the block; `src` is 16-byte aligned and
+/// its first `src_bytes` bytes are readable global memory (any address when 0). The copy
+/// completes only at a [`cp_async_wait`] for its group.
+#[inline(always)]
+pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
+    asm!(
+        "cp.async.cg.shared.global [{d}], [{s}], 16, {n};",
+        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes,
+        options(nostack, preserves_flags),
+    );
+}
+
+/// Closes the group of this thread's `cp.async`s issued since the last commit.
+#[inline(always)]
+pub fn cp_async_commit() {
+    // SAFETY: bookkeeping of this thread's own asynchronous copies.
+    unsafe { asm!("cp.async.commit_group;", options(nostack, preserves_flags)) }
+}
+
+/// Waits until at most `pending` of this thread's committed `cp.async` groups are still in
+/// flight (`pending` a constant, 0 to 7). Other threads' copies need a barrier after it.
+#[inline(always)]
+pub fn cp_async_wait(pending: u32) {
+    // SAFETY: waits on this thread's own copies; no memory is touched.
+    unsafe {
+        match pending {
+            0 => asm!("cp.async.wait_group 0;", options(nostack, preserves_flags)),
+            1 => asm!("cp.async.wait_group 1;", options(nostack, preserves_flags)),
+            2 => asm!("cp.async.wait_group 2;", options(nostack, preserves_flags)),
+            3 => asm!("cp.async.wait_group 3;", options(nostack, preserves_flags)),
+            4 => asm!("cp.async.wait_group 4;", options(nostack, preserves_flags)),
+            5 => asm!("cp.async.wait_group 5;", options(nostack, preserves_flags)),
+            6 => asm!("cp.async.wait_group 6;", options(nostack, preserves_flags)),
+            _ => asm!("cp.async.wait_group 7;", options(nostack, preserves_flags)),
+        }
+    }
+}
+
+/// `ldmatrix.x4`: four 8x8 matrices of 16-bit elements from shared memory. Lane `l`
+/// supplies the address of row `l % 8` of matrix `l / 8`; register `j` of lane `l` gets
+/// elements `2 (l % 4)` and `+1` of row `l / 4` of matrix `j` (transposed when `TRANS`).
+///
+/// # Safety
+/// Every lane's `row` is a 16-byte aligned shared address of 16 readable bytes, ordered
+/// after their writes by a barrier; the whole warp executes it.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4<const TRANS: bool>(row: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    if TRANS {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) row, options(readonly, nostack, preserves_flags),
+        );
+    } else {
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{p}];",
+            a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+            p = in(reg32) row, options(readonly, nostack, preserves_flags),
+        );
+    }
+    [a, b, c, d]
+}
+
+/// Generates a warp-wide `mma.sync` with f32 accumulators: `acc += a * b` for the fragment
+/// layouts of the PTX ISA (A row-major, B column-major).
+macro_rules! mma_sync {
+    ($(#[$doc:meta])* $name:ident, $shape:literal, $ty:literal, $a:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name(acc: &mut [f32; 4], a: [u32; $a], b: [u32; 2]) {
+            // SAFETY: register-only warp-wide instruction; callers run it on the whole,
+            // converged warp.
+            unsafe {
+                asm!(
+                    concat!("mma.sync.aligned.", $shape, ".row.col.f32.", $ty, ".", $ty,
+                            ".f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}, {a2}, {a3}}}, ",
+                            "{{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};"),
+                    d0 = inout(reg32) acc[0], d1 = inout(reg32) acc[1],
+                    d2 = inout(reg32) acc[2], d3 = inout(reg32) acc[3],
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1],
+                    a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+                    options(pure, nomem, nostack),
+                );
+            }
+        }
+    };
+}
+
+mma_sync!(
+    /// `mma.sync` m16n8k16 on f16 pairs.
+    mma_m16n8k16_f16, "m16n8k16", "f16", 4
+);
+mma_sync!(
+    /// `mma.sync` m16n8k16 on bf16 pairs.
+    mma_m16n8k16_bf16, "m16n8k16", "bf16", 4
+);
+mma_sync!(
+    /// `mma.sync` m16n8k8 on tf32 words (see [`f32_to_tf32`]).
+    mma_m16n8k8_tf32, "m16n8k8", "tf32", 4
+);
+
+/// f32 -> tf32 (10-bit mantissa), rounded to nearest, ties away, as cuBLAS rounds.
+#[inline(always)]
+pub fn f32_to_tf32(v: u32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rna.tf32.f32 {o}, {v};", o = out(reg32) out, v = in(reg32) v,
              options(pure, nomem, nostack));
     }
     out

@@ -5,15 +5,17 @@
 //! from `oxidnn-params` first and device pointers after it. Device intrinsics and inline
 //! PTX live in [`device`] alone.
 #![no_std]
-#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)]
+#![feature(abi_ptx, stdarch_nvptx, asm_experimental_arch, stmt_expr_attributes)]
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
 
 pub mod device;
 pub mod element;
 pub mod elementwise;
+pub mod gemm;
 pub mod math;
 
 pub mod activation;
+pub mod matmul;
 pub mod reduce;
 pub mod tensor_ops;
 

@@ -8,9 +8,15 @@
 
 mod divisor;
 mod index_map;
+mod matmul;
 
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;
+pub use matmul::{
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
+    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
+    MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+};
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
 pub const MAX_DIMS: usize = 8;

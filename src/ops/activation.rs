@@ -33,6 +33,13 @@ pub struct ActivationDescriptor {
     coef: f64,
 }
 
+impl Default for ActivationDescriptor {
+    /// The identity.
+    fn default() -> Self {
+        Self::identity()
+    }
+}
+
 impl ActivationDescriptor {
     /// `mode` with coefficient `coef`; the coefficient must be finite, and positive for
     /// clipped relu.

@@ -1,0 +1,504 @@
+//! The tiled matrix-multiply cores that matmul (and implicit-GEMM convolution) are built on.
+//!
+//! A block computes one `BM x BN` tile of `acc = A x B^T` over the whole K, where `A` is an
+//! `M x K` operand and `B` an `N x K` operand, each delivered tile by tile by a
+//! [`TileLoader`] (tensor cores) or a [`Gather`] (CUDA cores). A loader is only an address
+//! generator: matmul supplies strided ones, a convolution supplies im2col ones. The
+//! finished accumulators go, two adjacent columns at a time, to an [`Epilogue`].
+//!
+//! * [`mma_tile`]: tensor cores. A `STAGES`-deep ring of shared-memory stages filled by
+//!   `cp.async`, fragments read with `ldmatrix`, `mma.sync` (m16n8k16 for f16/bf16, m16n8k8
+//!   for tf32) into f32 accumulators. Each warp owns an `MI*16 x NI*8` warp tile.
+//! * [`fma_tile`]: exact f32 on CUDA cores. Register-staged double buffering; each thread
+//!   owns a `TM x TN` register tile (split in quarters to keep shared loads conflict-free).
+
+use crate::device::{
+    cp_async_commit, cp_async_wait, f32_to_tf32, ld_shared_u32, ld_shared_v2, ld_shared_v4,
+    ldmatrix_x4, mma_m16n8k16_bf16, mma_m16n8k16_f16, mma_m16n8k8_tf32, st_shared_u32,
+    st_shared_v2, st_shared_v4, sync_threads, sync_warp, thread_idx_x,
+};
+use crate::element::{Bf16, F16};
+use crate::unrolled;
+pub use oxidnn_params::{FMA_BK, FMA_THREADS};
+
+/// Bytes in one shared-memory chunk: the unit of `cp.async`, `ldmatrix` rows and swizzling.
+pub const CHUNK: u32 = 16;
+
+/// Operand element types of the tensor-core core.
+pub trait MmaElement {
+    /// Bytes per element.
+    const BYTES: u32;
+    /// Elements per [`CHUNK`].
+    const PER_CHUNK: u32 = CHUNK / Self::BYTES;
+    /// Turns a fragment register as loaded into the instruction's operand.
+    #[inline(always)]
+    fn operand(x: u32) -> u32 {
+        x
+    }
+    /// `acc += a x b` over one instruction's K, which is always 2 chunks.
+    fn mma(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]);
+}
+
+impl MmaElement for F16 {
+    const BYTES: u32 = 2;
+    #[inline(always)]
+    fn mma(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        mma_m16n8k16_f16(acc, a, b)
+    }
+}
+
+impl MmaElement for Bf16 {
+    const BYTES: u32 = 2;
+    #[inline(always)]
+    fn mma(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        mma_m16n8k16_bf16(acc, a, b)
+    }
+}
+
+/// f32 data multiplied on the tensor cores as tf32 (rounded to nearest, 10-bit mantissa).
+pub struct Tf32;
+
+impl MmaElement for Tf32 {
+    const BYTES: u32 = 4;
+    #[inline(always)]
+    fn operand(x: u32) -> u32 {
+        f32_to_tf32(x)
+    }
+    #[inline(always)]
+    fn mma(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        mma_m16n8k8_tf32(acc, a, b)
+    }
+}
+
+/// A block-tile configuration of [`mma_tile`]. The warp tile is `BM / WARPS_M` by
+/// `BN / WARPS_N`, which must equal the `MI * 16` by `NI * 8` the kernel instantiates.
+pub trait MmaShape {
+    const BM: u32;
+    const BN: u32;
+    /// K per stage, in elements.
+    const BK: u32;
+    const WARPS_M: u32;
+    const WARPS_N: u32;
+    const STAGES: u32;
+    const THREADS: u32 = 32 * Self::WARPS_M * Self::WARPS_N;
+}
+
+/// Byte offset of chunk `chunk` of row `row` in a tile of `row_chunks`-chunk rows, with the
+/// chunk index XOR-swizzled so that the 8 rows an `ldmatrix` (or a column of `cp.async`s)
+/// touches at one logical chunk fall in 8 different bank groups.
+#[inline(always)]
+pub fn swizzled(row: u32, chunk: u32, row_chunks: u32) -> u32 {
+    let phys = if row_chunks >= 8 {
+        chunk ^ (row & 7)
+    } else if row_chunks == 4 {
+        chunk ^ ((row >> 1) & 3)
+    } else if row_chunks == 2 {
+        chunk ^ ((row >> 2) & 1)
+    } else {
+        chunk
+    };
+    (row * row_chunks + phys) * CHUNK
+}
+
+/// Copies one operand's `rows x BK` tile for each K step into shared memory.
+///
+/// The shared tile is K-major (`rows` rows of `BK` elements) when `K_MAJOR`, else MN-major
+/// (`BK` rows of `rows` elements), swizzled by [`swizzled`]; elements outside the operand
+/// (past its rows or past K) must arrive as zeros.
+pub trait TileLoader {
+    const K_MAJOR: bool;
+    /// Starts copying K tile `kt` (elements `kt * BK ..`) to the stage at shared `dst`. May
+    /// complete asynchronously (`cp.async`, committed by the caller) or synchronously.
+    ///
+    /// # Safety
+    /// `dst` is a stage of the block's shared memory that no thread reads until the
+    /// caller's wait and barrier.
+    unsafe fn load(&self, dst: u32, kt: u32);
+}
+
+/// Receives the finished accumulators.
+pub trait Epilogue {
+    /// Rows and columns of the output (pairs at or past them are never passed).
+    fn extent(&self) -> (u32, u32);
+    /// Output element `(row, col)` and `(row, col + 1)` of the whole problem (tile origin
+    /// included) have accumulators `v`; `row` is inside the output, `col + 1` may not be.
+    ///
+    /// # Safety
+    /// Implementations check bounds; callers pass each pair once.
+    unsafe fn store_pair(&self, row: u32, col: u32, v: [f32; 2]);
+}
+
+/// Loads the `ldmatrix.x4` fragment that covers MN `[mn0, mn0 + 16)` and the two chunks of K
+/// from chunk `kc0` of a shared operand tile (K-major or MN-major): for A (`IS_A`), registers `a0..a3` of the
+/// instruction; for B, `b0, b1` of the n8 tile at `mn0` then those of the tile at `mn0 + 8`.
+#[inline(always)]
+unsafe fn fragment<E: MmaElement, const IS_A: bool>(
+    k_major: bool,
+    tile: u32,
+    mn_extent: u32,
+    bk: u32,
+    mn0: u32,
+    kc0: u32,
+) -> [u32; 4] {
+    let lane = thread_idx_x() & 31;
+    let (matrix, r) = (lane >> 3, lane & 7);
+    // A's registers go (rows 0-7, k lo), (rows 8-15, k lo), (0-7, hi), (8-15, hi); B's go
+    // (n 0-7, k lo), (0-7, hi), (8-15, lo), (8-15, hi).
+    let (mn_hi, k_hi) = if IS_A {
+        (matrix & 1, matrix >> 1)
+    } else {
+        (matrix >> 1, matrix & 1)
+    };
+    if k_major {
+        let row = mn0 + r + 8 * mn_hi;
+        ldmatrix_x4::<false>(tile + swizzled(row, kc0 + k_hi, bk / E::PER_CHUNK))
+    } else if E::BYTES == 2 {
+        let row = (kc0 + k_hi) * E::PER_CHUNK + r;
+        ldmatrix_x4::<true>(tile + swizzled(row, mn0 / 8 + mn_hi, mn_extent / 8))
+    } else {
+        // 32-bit MN-major: no transposing ldmatrix; read the four words directly. Lane
+        // (g, t) = (lane / 4, lane % 4) needs (mn, k) = (g | g + 8, t | t + 4).
+        let (g, t) = (lane >> 2, lane & 3);
+        let k0 = kc0 * E::PER_CHUNK;
+        let word = #[inline(always)]
+        |mn: u32, k: u32| {
+            let chunk = swizzled(k, mn / 4, mn_extent / 4);
+            ld_shared_u32(tile + chunk + (mn % 4) * 4)
+        };
+        let (m_lo, m_hi) = (mn0 + g, mn0 + g + 8);
+        let (k_lo, k_hi) = (k0 + t, k0 + t + 4);
+        if IS_A {
+            [
+                word(m_lo, k_lo),
+                word(m_hi, k_lo),
+                word(m_lo, k_hi),
+                word(m_hi, k_hi),
+            ]
+        } else {
+            [
+                word(m_lo, k_lo),
+                word(m_lo, k_hi),
+                word(m_hi, k_lo),
+                word(m_hi, k_hi),
+            ]
+        }
+    }
+}
+
+/// One block's tile on the tensor cores: `acc = A[row0.., :] x B[col0.., :]^T` through
+/// `STAGES` shared stages, then every accumulator to `ep` at `(row0 + r, col0 + c)`.
+///
+/// `MI x NI` (m16 x n8) instructions per warp per K step; `NI` is even. Shared memory at
+/// `smem` must hold `(BM + BN) * BK * STAGES` elements. Every thread of the block must call it.
+///
+/// # Safety
+/// The loaders' and the epilogue's own contracts; `smem` is the block's shared memory.
+#[inline(always)]
+pub unsafe fn mma_tile<E, S, const MI: usize, const NI: usize, LA, LB, EP>(
+    la: &LA,
+    lb: &LB,
+    k: u32,
+    smem: u32,
+    ep: &EP,
+    row0: u32,
+    col0: u32,
+) where
+    E: MmaElement,
+    S: MmaShape,
+    LA: TileLoader,
+    LB: TileLoader,
+    EP: Epilogue,
+{
+    let a_stage_bytes = S::BM * S::BK * E::BYTES;
+    let b_stage_bytes = S::BN * S::BK * E::BYTES;
+    let a_stage = |s: u32| smem + s * a_stage_bytes;
+    let b_stage = |s: u32| smem + S::STAGES * a_stage_bytes + s * b_stage_bytes;
+    let k_tiles = k.div_ceil(S::BK);
+
+    let warp = thread_idx_x() >> 5;
+    let warp_m = (warp % S::WARPS_M) * (MI as u32 * 16);
+    let warp_n = (warp / S::WARPS_M) * (NI as u32 * 8);
+    let mut acc = [[[0f32; 4]; NI]; MI];
+
+    // Prologue: the first STAGES - 1 tiles in flight (one commit group each, empty or not,
+    // so that the group count below stays in step with the tile count).
+    for s in 0..S::STAGES - 1 {
+        if s < k_tiles {
+            la.load(a_stage(s), s);
+            lb.load(b_stage(s), s);
+        }
+        cp_async_commit();
+    }
+    let mut read = 0;
+    let mut write = S::STAGES - 1;
+    for kt in 0..k_tiles {
+        // Tile kt has landed (at most STAGES - 2 younger groups pending) for every thread,
+        // and every warp is done with the stage the next load overwrites (read at kt - 1).
+        cp_async_wait(S::STAGES - 2);
+        sync_threads();
+        let next = kt + S::STAGES - 1;
+        if next < k_tiles {
+            la.load(a_stage(write), next);
+            lb.load(b_stage(write), next);
+        }
+        cp_async_commit();
+
+        let (at, bt) = (a_stage(read), b_stage(read));
+        unrolled!(ks in (S::BK / (2 * E::PER_CHUNK)) as usize => {
+            let kc = 2 * ks as u32;
+            let mut a = [[0u32; 4]; MI];
+            unrolled!(mi in MI => {
+                let mn0 = warp_m + mi as u32 * 16;
+                a[mi] = fragment::<E, true>(LA::K_MAJOR, at, S::BM, S::BK, mn0, kc).map(E::operand);
+            });
+            let mut b = [[0u32; 4]; NI];
+            unrolled!(nj in NI / 2 => {
+                let mn0 = warp_n + nj as u32 * 16;
+                b[nj] = fragment::<E, false>(LB::K_MAJOR, bt, S::BN, S::BK, mn0, kc).map(E::operand);
+            });
+            unrolled!(mi in MI => {
+                unrolled!(ni in NI => {
+                    let pair = b[ni / 2];
+                    let bf = if ni % 2 == 0 {
+                        [pair[0], pair[1]]
+                    } else {
+                        [pair[2], pair[3]]
+                    };
+                    E::mma(&mut acc[mi][ni], a[mi], bf);
+                });
+            });
+        });
+        read = if read + 1 == S::STAGES { 0 } else { read + 1 };
+        write = if write + 1 == S::STAGES { 0 } else { write + 1 };
+    }
+    // Every copy has landed and every warp is done with the stages: they become the
+    // epilogue's staging area.
+    cp_async_wait(0);
+    sync_threads();
+
+    // Each warp stages its accumulators 16 rows (one `mi`) at a time, so that each store
+    // instruction of the drain covers a contiguous run of an output row.
+    let lane = thread_idx_x() & 31;
+    let (g, t) = (lane >> 2, lane & 3);
+    let wn = NI as u32 * 8;
+    let stride = wn + STAGE_PAD;
+    let stage = smem + warp * 16 * stride * 4;
+    unrolled!(mi in MI => {
+        unrolled!(ni in NI => {
+            let c = ni as u32 * 8 + 2 * t;
+            let v = acc[mi][ni].map(f32::to_bits);
+            st_shared_v2(stage + (g * stride + c) * 4, [v[0], v[1]]);
+            st_shared_v2(stage + ((g + 8) * stride + c) * 4, [v[2], v[3]]);
+        });
+        sync_warp();
+        drain(stage, stride, ep, (row0 + warp_m + mi as u32 * 16, col0 + warp_n), (16, wn), lane, 32);
+        sync_warp();
+    });
+}
+
+/// Floats each staged row is padded by: 8 keeps the half-warps' 8-byte staging stores
+/// (rows `g`, columns `2t`) in distinct banks.
+pub const STAGE_PAD: u32 = 8;
+
+/// Shared bytes the tensor-core epilogue stages: 16 rows of a warp tile per warp.
+pub const fn mma_stage_bytes(warps: u32, warp_n: u32) -> u32 {
+    warps * 16 * (warp_n + STAGE_PAD) * 4
+}
+
+/// Hands the part inside the output of a staged `rows x cols` f32 tile (shared, row
+/// stride `stride` floats, origin `(r0, c0)` of the output) to `ep` two columns at a time:
+/// pairs `first, first + step, ..` in row-major order, so that consecutive threads store
+/// consecutive pairs of a row. The loop stays rolled (its trip count depends on the
+/// output's edge): one copy of the epilogue's code per kernel.
+#[inline(always)]
+unsafe fn drain<EP: Epilogue>(
+    tile: u32,
+    stride: u32,
+    ep: &EP,
+    (r0, c0): (u32, u32),
+    (rows, cols): (u32, u32),
+    first: u32,
+    step: u32,
+) {
+    let (m, n) = ep.extent();
+    let rows = m.saturating_sub(r0).min(rows);
+    let cols = n.saturating_sub(c0).min(cols);
+    let pairs = cols.div_ceil(2);
+    if pairs == 0 {
+        return;
+    }
+    let mut q = first;
+    while q < rows * pairs {
+        let (r, p) = (q / pairs, q % pairs);
+        let v = ld_shared_v2(tile + (r * stride + 2 * p) * 4);
+        ep.store_pair(
+            r0 + r,
+            c0 + 2 * p,
+            [f32::from_bits(v[0]), f32::from_bits(v[1])],
+        );
+        q += step;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Exact f32 on CUDA cores
+// ---------------------------------------------------------------------------------------
+
+/// The `(mn, k)` of element `i` of the `ROWS x FMA_BK` operand tile that this thread stages
+/// in [`fma_tile`]: K fastest across threads when the operand's K is contiguous, else MN
+/// fastest, so that a warp's loads coalesce either way.
+#[inline(always)]
+pub fn fma_slot<const ROWS: u32>(k_fast: bool, i: u32) -> (u32, u32) {
+    let e = thread_idx_x() + i * FMA_THREADS;
+    if k_fast {
+        (e / FMA_BK, e % FMA_BK)
+    } else {
+        (e % ROWS, e / ROWS)
+    }
+}
+
+/// Supplies this thread's `PER` elements of each K tile of one operand of [`fma_tile`].
+pub trait Gather<const PER: usize> {
+    /// Whether the slots follow [`fma_slot`] with K fastest.
+    fn k_fast(&self) -> bool;
+    /// Slot `i`'s element of K tile `kt` ([`fma_slot`]`(k_fast, i)` from the tile's
+    /// origin), 0 outside the operand.
+    ///
+    /// # Safety
+    /// Implementations check bounds.
+    unsafe fn fetch(&self, kt: u32) -> [f32; PER];
+}
+
+#[inline(always)]
+unsafe fn fma_stage<const ROWS: u32, const PER: usize>(k_fast: bool, dst: u32, v: [f32; PER]) {
+    unrolled!(i in PER => {
+        let (mn, k) = fma_slot::<ROWS>(k_fast, i as u32);
+        st_shared_u32(dst + (k * (ROWS + 4) + mn) * 4, v[i].to_bits());
+    });
+}
+
+/// `L` consecutive f32s from shared memory (one vector load when `L` is 4 or 2).
+#[inline(always)]
+unsafe fn ld_run<const L: usize>(addr: u32) -> [f32; L] {
+    if L == 4 {
+        let v = ld_shared_v4(addr);
+        core::array::from_fn(|i| f32::from_bits(v[i % 4]))
+    } else if L == 2 {
+        let v = ld_shared_v2(addr);
+        core::array::from_fn(|i| f32::from_bits(v[i % 2]))
+    } else {
+        core::array::from_fn(|i| f32::from_bits(ld_shared_u32(addr + 4 * i as u32)))
+    }
+}
+
+/// One block's `BM x BN` tile in exact f32: `acc = A x B^T` by FMA, then `ep`.
+///
+/// Thread `(ty, tx)` of the 16 x 16 grid owns rows `ty * TM/2 ..` in each half of the tile
+/// and columns `tx * TN/2 ..` in each half (`TM = BM / 16`, `TN = BN / 16`; `HM = TM / 2`,
+/// `HN = TN / 2` passed separately). Shared tiles are stored K-major-transposed
+/// (`[k][mn]`), rows padded by 4 floats so that staging stores from K-fast threads do not
+/// collide. `PA`/`PB` = elements of A/B each thread stages per K step.
+///
+/// # Safety
+/// As [`mma_tile`]; `smem` holds [`oxidnn_params::fma_shared_bytes`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fma_tile<
+    const BM: u32,
+    const BN: u32,
+    const HM: usize,
+    const HN: usize,
+    const PA: usize,
+    const PB: usize,
+    GA: Gather<PA>,
+    GB: Gather<PB>,
+    EP: Epilogue,
+>(
+    ga: &GA,
+    gb: &GB,
+    k: u32,
+    smem: u32,
+    ep: &EP,
+    row0: u32,
+    col0: u32,
+) {
+    let a_bytes = FMA_BK * (BM + 4) * 4;
+    let b_bytes = FMA_BK * (BN + 4) * 4;
+    let a_stage = |s: u32| smem + s * a_bytes;
+    let b_stage = |s: u32| smem + 2 * a_bytes + s * b_bytes;
+    let (ka, kb) = (ga.k_fast(), gb.k_fast());
+    let tid = thread_idx_x();
+    let (ty, tx) = (tid / 16, tid % 16);
+    let k_tiles = k.div_ceil(FMA_BK);
+    let mut acc = [[[[0f32; HN]; 2]; HM]; 2];
+
+    fma_stage::<BM, PA>(ka, a_stage(0), ga.fetch(0));
+    fma_stage::<BN, PB>(kb, b_stage(0), gb.fetch(0));
+    sync_threads();
+    for kt in 0..k_tiles {
+        let cur = kt & 1;
+        let more = kt + 1 < k_tiles;
+        let mut next_a = [0f32; PA];
+        let mut next_b = [0f32; PB];
+        if more {
+            next_a = ga.fetch(kt + 1);
+            next_b = gb.fetch(kt + 1);
+        }
+        let (at, bt) = (a_stage(cur), b_stage(cur));
+        unrolled!(kk in FMA_BK as usize => {
+            let a_row = at + kk as u32 * (BM + 4) * 4;
+            let b_row = bt + kk as u32 * (BN + 4) * 4;
+            let a = [
+                ld_run::<HM>(a_row + ty * HM as u32 * 4),
+                ld_run::<HM>(a_row + (BM / 2 + ty * HM as u32) * 4),
+            ];
+            let b = [
+                ld_run::<HN>(b_row + tx * HN as u32 * 4),
+                ld_run::<HN>(b_row + (BN / 2 + tx * HN as u32) * 4),
+            ];
+            unrolled!(hm in 2 => {
+                unrolled!(i in HM => {
+                    unrolled!(hn in 2 => {
+                        unrolled!(j in HN => {
+                            acc[hm][i][hn][j] =
+                                crate::device::fma(a[hm][i], b[hn][j], acc[hm][i][hn][j]);
+                        });
+                    });
+                });
+            });
+        });
+        if more {
+            fma_stage::<BM, PA>(ka, a_stage(cur ^ 1), next_a);
+            fma_stage::<BN, PB>(kb, b_stage(cur ^ 1), next_b);
+        }
+        sync_threads();
+    }
+
+    // Stage the whole tile (the loop above ended with a barrier, so the stages are free),
+    // then drain it row by row.
+    let stride = BN + 4;
+    unrolled!(hm in 2 => {
+        unrolled!(i in HM => {
+            let r = hm as u32 * (BM / 2) + ty * HM as u32 + i as u32;
+            unrolled!(hn in 2 => {
+                let c = hn as u32 * (BN / 2) + tx * HN as u32;
+                let v = acc[hm][i][hn];
+                let at = smem + (r * stride + c) * 4;
+                if HN == 4 {
+                    st_shared_v4(at, core::array::from_fn(|j| v[j % HN].to_bits()));
+                } else {
+                    unrolled!(j in HN / 2 => {
+                        st_shared_v2(at + 8 * j as u32, [v[2 * j].to_bits(), v[2 * j + 1].to_bits()]);
+                    });
+                }
+            });
+        });
+    });
+    sync_threads();
+    drain(smem, stride, ep, (row0, col0), (BM, BN), tid, FMA_THREADS);
+}
+
+/// Shared bytes [`fma_tile`] stages its `bm x bn` result in (rows padded by 4 floats).
+pub const fn fma_stage_bytes(bm: u32, bn: u32) -> u32 {
+    bm * (bn + 4) * 4
+}

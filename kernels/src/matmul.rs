@@ -1,0 +1,612 @@
+//! Matrix multiply: `D = act(alpha * op(A) op(B) + beta * C + bias + residual_scale * Z)`,
+//! batched (see [`oxidnn_params::MatmulParams`] and [`EpilogueParams`]).
+//!
+//! Entry points, all `(params, a, b, d, bias, z)`:
+//! * `matmul_mma_<BMxBN>_<la><lb>_<f16|bf16|tf32>`: tensor cores ([`mma_tile`]). `la`/`lb`
+//!   say how each operand is copied: `k` = K contiguous (`cp.async` into a K-major tile),
+//!   `n` = M or N contiguous (MN-major tile), `gg` = any strides or alignment (element
+//!   gathers).
+//! * `matmul_fma_<BMxBN>_f32`: exact f32 on CUDA cores ([`fma_tile`]), any strides.
+
+use crate::device::{
+    block_idx_x, block_idx_y, cp_async_16, dynamic_smem, grid_dim_y, st_shared_v4, sync_threads,
+    thread_idx_x,
+};
+use crate::element::{Bf16, Element, F16};
+use crate::gemm::{
+    fma_stage_bytes, fma_tile, mma_stage_bytes, mma_tile, swizzled, Epilogue, Gather, MmaElement,
+    MmaShape, Tf32, TileLoader, FMA_BK, FMA_THREADS,
+};
+use crate::unrolled;
+use oxidnn_params::{
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, ActivationKind,
+    BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
+};
+
+/// One operand of one block: the `rows x k` matrix starting at the block's first row (M for
+/// A, N for B) in the block's batch; strides in elements.
+#[derive(Clone, Copy)]
+pub struct Operand {
+    base: *const u8,
+    stride_mn: u64,
+    stride_k: u64,
+    /// Rows of the operand from the block's first row on (may exceed the tile).
+    rows: u32,
+    k: u32,
+}
+
+impl Operand {
+    #[inline(always)]
+    unsafe fn at(
+        ptr: *const u8,
+        l: &OperandLayout,
+        batch: u32,
+        row0: u32,
+        extent: u32,
+        k: u32,
+        bytes: u32,
+    ) -> Self {
+        let offset = batch as u64 * l.batch + row0 as u64 * l.mn;
+        Self {
+            base: ptr.add((offset * bytes as u64) as usize),
+            stride_mn: l.mn,
+            stride_k: l.k,
+            rows: extent - row0,
+            k,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn element_ptr(&self, mn: u32, k: u32, bytes: u32) -> *const u8 {
+        let e = mn as u64 * self.stride_mn + k as u64 * self.stride_k;
+        self.base.add((e * bytes as u64) as usize)
+    }
+}
+
+/// A loader made from an [`Operand`].
+pub trait MatmulLoader: TileLoader {
+    fn new(op: Operand) -> Self;
+}
+
+/// Where this thread's copy slots of an operand tile lie, computed once per tile. Slot `i`
+/// of K tile `kt` covers element `(mn0 + i * mn_step, kt * bk + k0 + i * k_step)` (one of the
+/// two steps is 0) at `ptr + kt * tile_step + i * slot_step` bytes.
+#[derive(Clone, Copy)]
+struct Slots {
+    ptr: *const u8,
+    slot_step: u64,
+    tile_step: u64,
+    mn0: u32,
+    mn_step: u32,
+    k0: u32,
+    k_step: u32,
+}
+
+impl Slots {
+    /// Slots of threads laid over a tile whose rows (`rows_along_k` false: rows are MN,
+    /// `row_len` K elements each; true: rows are K, `row_len` MN elements each) are cut in
+    /// units of `unit` elements: thread `t`'s slot `i` is unit `t + i * threads` in row-major
+    /// order.
+    #[inline(always)]
+    fn new(
+        op: &Operand,
+        rows_along_k: bool,
+        row_len: u32,
+        unit: u32,
+        threads: u32,
+        bk: u32,
+        bytes: u32,
+    ) -> Self {
+        let units = row_len / unit;
+        let tid = thread_idx_x();
+        let (row, col) = (tid / units, (tid % units) * unit);
+        let row_step = threads / units;
+        let (mn0, k0, mn_step, k_step) = if rows_along_k {
+            (col, row, 0, row_step)
+        } else {
+            (row, col, row_step, 0)
+        };
+        let off = mn0 as u64 * op.stride_mn + k0 as u64 * op.stride_k;
+        let slot = mn_step as u64 * op.stride_mn + k_step as u64 * op.stride_k;
+        Self {
+            ptr: op.base.wrapping_add((off * bytes as u64) as usize),
+            slot_step: slot * bytes as u64,
+            tile_step: bk as u64 * op.stride_k * bytes as u64,
+            mn0,
+            mn_step,
+            k0,
+            k_step,
+        }
+    }
+
+    /// `(address, mn, k)` of slot `i` of K tile `kt`, given `tile = kt * tile_step`.
+    #[inline(always)]
+    fn slot(&self, i: u32, kt: u32, bk: u32, tile: u64) -> (*const u8, u32, u32) {
+        let p = self
+            .ptr
+            .wrapping_add((tile + i as u64 * self.slot_step) as usize);
+        (
+            p,
+            self.mn0 + i * self.mn_step,
+            kt * bk + self.k0 + i * self.k_step,
+        )
+    }
+}
+
+/// `cp.async` copies of an operand whose K (when `K_MAJOR`) or MN elements are contiguous,
+/// with 16-byte aligned base and other stride: whole chunks, zero-filled past the edges.
+/// `ROWS x BK` tiles, `THREADS` threads, `SLOTS` chunks per thread.
+pub struct StridedTile<
+    E,
+    const K_MAJOR: bool,
+    const ROWS: u32,
+    const BK: u32,
+    const THREADS: u32,
+    const SLOTS: usize,
+> {
+    op: Operand,
+    slots: Slots,
+    _e: core::marker::PhantomData<E>,
+}
+
+impl<
+        E: MmaElement,
+        const K_MAJOR: bool,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+    > StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
+{
+    /// Shared rows run along K (K-major: ROWS rows of BK) or along MN (BK rows of ROWS).
+    const ROW_LEN: u32 = if K_MAJOR { BK } else { ROWS };
+    const ROW_CHUNKS: u32 = Self::ROW_LEN / E::PER_CHUNK;
+}
+
+impl<
+        E: MmaElement,
+        const K_MAJOR: bool,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+    > MatmulLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
+{
+    #[inline(always)]
+    fn new(op: Operand) -> Self {
+        let slots = Slots::new(
+            &op,
+            !K_MAJOR,
+            Self::ROW_LEN,
+            E::PER_CHUNK,
+            THREADS,
+            BK,
+            E::BYTES,
+        );
+        Self {
+            op,
+            slots,
+            _e: core::marker::PhantomData,
+        }
+    }
+}
+
+impl<
+        E: MmaElement,
+        const K_MAJOR: bool,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+    > TileLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
+{
+    const K_MAJOR: bool = K_MAJOR;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        let per = E::PER_CHUNK;
+        let op = &self.op;
+        let tile = kt as u64 * self.slots.tile_step;
+        unrolled!(i in SLOTS => {
+            let id = thread_idx_x() + i as u32 * THREADS;
+            let (r, c) = (id / Self::ROW_CHUNKS, id % Self::ROW_CHUNKS);
+            let (src, mn, k) = self.slots.slot(i as u32, kt, BK, tile);
+            // Elements of this chunk inside the operand (the chunk runs along K or MN).
+            let valid = if mn >= op.rows || k >= op.k {
+                0
+            } else if K_MAJOR {
+                (op.k - k).min(per)
+            } else {
+                (op.rows - mn).min(per)
+            };
+            let src = if valid > 0 { src } else { op.base };
+            cp_async_16(dst + swizzled(r, c, Self::ROW_CHUNKS), src, valid * E::BYTES);
+        });
+    }
+}
+
+/// Element-by-element copies of an operand with any strides and alignment into a K-major
+/// tile (synchronous: the slow path for layouts `cp.async` cannot take).
+pub struct GatherTile<E, const ROWS: u32, const BK: u32, const THREADS: u32> {
+    op: Operand,
+    _e: core::marker::PhantomData<E>,
+}
+
+impl<E: MmaElement, const ROWS: u32, const BK: u32, const THREADS: u32> MatmulLoader
+    for GatherTile<E, ROWS, BK, THREADS>
+{
+    #[inline(always)]
+    fn new(op: Operand) -> Self {
+        Self {
+            op,
+            _e: core::marker::PhantomData,
+        }
+    }
+}
+
+impl<E: MmaElement, const ROWS: u32, const BK: u32, const THREADS: u32> TileLoader
+    for GatherTile<E, ROWS, BK, THREADS>
+{
+    const K_MAJOR: bool = true;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        let per = E::PER_CHUNK;
+        let op = &self.op;
+        let row_chunks = BK / per;
+        unrolled!(i in (ROWS * row_chunks / THREADS) as usize => {
+            let id = thread_idx_x() + i as u32 * THREADS;
+            let (r, c) = (id / row_chunks, id % row_chunks);
+            let k0 = kt * BK + c * per;
+            let mut words = [0u32; 4];
+            unrolled!(e in per as usize => {
+                let e = e as u32;
+                let k = k0 + e;
+                if r < op.rows && k < op.k {
+                    let p = op.element_ptr(r, k, E::BYTES);
+                    if E::BYTES == 2 {
+                        words[(e / 2) as usize] |= (*(p as *const u16) as u32) << (16 * (e % 2));
+                    } else {
+                        words[e as usize] = *(p as *const u32);
+                    }
+                }
+            });
+            st_shared_v4(dst + swizzled(r, c, row_chunks), words);
+        });
+    }
+}
+
+/// This thread's `PER` elements of each K tile of an f32 operand for [`fma_tile`] (`ROWS`
+/// rows), walked with precomputed addresses.
+pub struct StridedGather<const ROWS: u32, const PER: usize> {
+    op: Operand,
+    slots: Slots,
+    k_fast: bool,
+}
+
+impl<const ROWS: u32, const PER: usize> StridedGather<ROWS, PER> {
+    #[inline(always)]
+    fn new(op: Operand) -> Self {
+        // K fastest across threads when K is contiguous, as `fma_slot` lays slots out.
+        let k_fast = op.stride_k == 1;
+        let slots = if k_fast {
+            Slots::new(&op, false, FMA_BK, 1, FMA_THREADS, FMA_BK, 4)
+        } else {
+            Slots::new(&op, true, ROWS, 1, FMA_THREADS, FMA_BK, 4)
+        };
+        Self { op, slots, k_fast }
+    }
+}
+
+impl<const ROWS: u32, const PER: usize> Gather<PER> for StridedGather<ROWS, PER> {
+    #[inline(always)]
+    fn k_fast(&self) -> bool {
+        self.k_fast
+    }
+
+    #[inline(always)]
+    unsafe fn fetch(&self, kt: u32) -> [f32; PER] {
+        let tile = kt as u64 * self.slots.tile_step;
+        let mut v = [0f32; PER];
+        unrolled!(i in PER => {
+            let (p, mn, k) = self.slots.slot(i as u32, kt, FMA_BK, tile);
+            if mn < self.op.rows && k < self.op.k {
+                v[i] = *(p as *const f32);
+            }
+        });
+        v
+    }
+}
+
+/// The matmul epilogue of one block's batch: bounds, blending, bias, residual, activation,
+/// conversion to the output type.
+pub struct MatmulEpilogue {
+    p: EpilogueParams,
+    m: u32,
+    n: u32,
+    d: *mut u8,
+    bias: *const u8,
+    z: *const u8,
+}
+
+impl MatmulEpilogue {
+    #[inline(always)]
+    unsafe fn finish<O: Element>(&self, r: u32, c: u32, v: [f32; 2]) {
+        let p = &self.p;
+        let out = self.d as *mut O;
+        let at = r as u64 * p.out.row + c as u64 * p.out.col;
+        let both = c + 1 < self.n;
+        // Paired accesses need the pair's alignment, which batch offsets and odd strides
+        // can break.
+        let paired = both
+            && p.out.col == 1
+            && (out.add(at as usize) as usize) % (2 * core::mem::size_of::<O>()) == 0;
+        let count = if both { 2 } else { 1 };
+        let mut x = [p.alpha * v[0], p.alpha * v[1]];
+        if p.beta != 0.0 {
+            let old = if paired {
+                O::load_pair(out.add(at as usize))
+            } else {
+                let second = if both {
+                    O::load(out.add((at + p.out.col) as usize))
+                } else {
+                    0.0
+                };
+                [O::load(out.add(at as usize)), second]
+            };
+            x = [x[0] + p.beta * old[0], x[1] + p.beta * old[1]];
+        }
+        let bias = self.bias as *const O;
+        match BiasMode::from_u32(p.bias) {
+            BiasMode::None => {}
+            BiasMode::PerRow => {
+                let b = O::load(bias.add(r as usize));
+                x = [x[0] + b, x[1] + b];
+            }
+            BiasMode::PerColumn => {
+                unrolled!(j in 2 => if j < count {
+                    x[j] += O::load(bias.add(c as usize + j));
+                });
+            }
+        }
+        if p.residual_scale != 0.0 {
+            let z = self.z as *const O;
+            let zl = &p.residual;
+            unrolled!(j in 2 => if j < count {
+                let zo = r as u64 * zl.row + (c as u64 + j as u64) * zl.col;
+                x[j] += p.residual_scale * O::load(z.add(zo as usize));
+            });
+        }
+        let kind = ActivationKind::from_u32(p.activation);
+        if kind != ActivationKind::Identity {
+            x = [
+                activate(kind, p.act_coef, x[0], O::LOW_PRECISION),
+                activate(kind, p.act_coef, x[1], O::LOW_PRECISION),
+            ];
+        }
+        if paired {
+            O::store_pair(out.add(at as usize), x);
+        } else {
+            O::store(out.add(at as usize), x[0]);
+            if both {
+                O::store(out.add((at + p.out.col) as usize), x[1]);
+            }
+        }
+    }
+}
+
+/// The epilogue's activation, out of line: one copy shared by every matmul kernel instead
+/// of one per kernel and output type (it runs once per output element, after the loop).
+#[inline(never)]
+fn activate(kind: ActivationKind, coef: f32, x: f32, low: bool) -> f32 {
+    crate::activation::forward(kind, coef, x, low)
+}
+
+impl Epilogue for MatmulEpilogue {
+    #[inline(always)]
+    fn extent(&self) -> (u32, u32) {
+        (self.m, self.n)
+    }
+
+    #[inline(always)]
+    unsafe fn store_pair(&self, r: u32, c: u32, v: [f32; 2]) {
+        if r >= self.m || c >= self.n {
+            return;
+        }
+        match OutputType::from_u32(self.p.out_type) {
+            OutputType::F32 => self.finish::<f32>(r, c, v),
+            OutputType::F16 => self.finish::<F16>(r, c, v),
+            OutputType::Bf16 => self.finish::<Bf16>(r, c, v),
+        }
+    }
+}
+
+/// Runs `tile(la, lb, epilogue, row0, col0)` for this block's output tile in each of its
+/// batches.
+#[inline(always)]
+unsafe fn for_each_batch(
+    p: &MatmulParams,
+    (bm, bn, in_bytes): (u32, u32, u32),
+    (a, b, d, bias, z): (*const u8, *const u8, *mut u8, *const u8, *const u8),
+    mut tile: impl FnMut(Operand, Operand, &MatmulEpilogue, u32, u32),
+) {
+    let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
+    let (row0, col0) = (tm * bm, tn * bn);
+    let ep = &p.epilogue;
+    let out_bytes = match OutputType::from_u32(ep.out_type) {
+        OutputType::F32 => 4,
+        _ => 2,
+    };
+    let mut batch = block_idx_y();
+    while batch < p.batch {
+        let la = Operand::at(a, &p.a, batch, row0, p.m, p.k, in_bytes);
+        let lb = Operand::at(b, &p.b, batch, col0, p.n, p.k, in_bytes);
+        let epilogue = MatmulEpilogue {
+            p: *ep,
+            m: p.m,
+            n: p.n,
+            d: d.add((batch as u64 * ep.out.batch * out_bytes) as usize),
+            bias,
+            z: z.add((batch as u64 * ep.residual.batch * out_bytes) as usize),
+        };
+        tile(la, lb, &epilogue, row0, col0);
+        batch += grid_dim_y();
+        // The next batch's first copies reuse stages other warps may still be reading.
+        sync_threads();
+    }
+}
+
+/// A tensor-core block tile: `BM x BN x BK`, `WM x WN` warps, `STAGES` deep.
+pub struct MmaTileShape<
+    const BM: u32,
+    const BN: u32,
+    const BK: u32,
+    const WM: u32,
+    const WN: u32,
+    const STAGES: u32,
+>;
+
+impl<
+        const BM: u32,
+        const BN: u32,
+        const BK: u32,
+        const WM: u32,
+        const WN: u32,
+        const STAGES: u32,
+    > MmaShape for MmaTileShape<BM, BN, BK, WM, WN, STAGES>
+{
+    const BM: u32 = BM;
+    const BN: u32 = BN;
+    const BK: u32 = BK;
+    const WARPS_M: u32 = WM;
+    const WARPS_N: u32 = WN;
+    const STAGES: u32 = STAGES;
+}
+
+#[inline(always)]
+unsafe fn matmul_mma<E, S, const MI: usize, const NI: usize, LA, LB>(
+    p: &MatmulParams,
+    ptrs: (*const u8, *const u8, *mut u8, *const u8, *const u8),
+) where
+    E: MmaElement,
+    S: MmaShape,
+    LA: MatmulLoader,
+    LB: MatmulLoader,
+{
+    let smem = dynamic_smem();
+    for_each_batch(
+        p,
+        (S::BM, S::BN, E::BYTES),
+        ptrs,
+        #[inline(always)]
+        |a, b, ep, row0, col0| {
+            mma_tile::<E, S, MI, NI, LA, LB, MatmulEpilogue>(
+                &LA::new(a),
+                &LB::new(b),
+                p.k,
+                smem,
+                ep,
+                row0,
+                col0,
+            )
+        },
+    );
+}
+
+/// Chunks each of `threads` threads copies per `rows x bk` tile.
+const fn slots(rows: u32, bk: u32, per_chunk: u32, threads: u32) -> usize {
+    (rows * bk / per_chunk / threads) as usize
+}
+
+/// Stamps out the tensor-core entry points of one element type and tile:
+/// `(suffix, Element, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`.
+macro_rules! mma_kernels {
+    ($dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal, $wn:literal,
+     $st:literal, $mi:literal, $ni:literal) => {
+        // The tile is what the host launches for it (threads, stages, shared bytes).
+        const _: () = assert!(
+            $bm == $wm * $mi * 16 && $bn == $wn * $ni * 8 && $ni % 2 == 0
+                && 32 * $wm * $wn == mma_threads($bm, $bn)
+                && $st == mma_stages($bm, $bn)
+                && $bk * <$E as MmaElement>::BYTES == MMA_BK_BYTES
+                && mma_stage_bytes($wm * $wn, $ni * 8) <= mma_shared_bytes($bm, $bn)
+        );
+        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, k, true);
+        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, n, false);
+        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, k, true);
+        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, n, false);
+        paste::paste! {
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn [<matmul_mma_ $bm x $bn _gg_ $dt>](
+                p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
+                z: *const u8,
+            ) {
+                const T: u32 = 32 * $wm * $wn;
+                matmul_mma::<
+                    $E, MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>, $mi, $ni,
+                    GatherTile<$E, $bm, $bk, T>, GatherTile<$E, $bn, $bk, T>,
+                >(&p, (a, b, d, bias, z))
+            }
+        }
+    };
+    (@one $dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal, $wn:literal,
+     $st:literal, $mi:literal, $ni:literal, $la:ident, $ka:literal, $lb:ident, $kb:literal) => {
+        paste::paste! {
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn [<matmul_mma_ $bm x $bn _ $la $lb _ $dt>](
+                p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
+                z: *const u8,
+            ) {
+                const T: u32 = 32 * $wm * $wn;
+                matmul_mma::<
+                    $E, MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>, $mi, $ni,
+                    StridedTile<$E, $ka, $bm, $bk, T, { slots($bm, $bk, <$E as MmaElement>::PER_CHUNK, T) }>,
+                    StridedTile<$E, $kb, $bn, $bk, T, { slots($bn, $bk, <$E as MmaElement>::PER_CHUNK, T) }>,
+                >(&p, (a, b, d, bias, z))
+            }
+        }
+    };
+}
+
+mma_kernels!(f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
+mma_kernels!(f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+mma_kernels!(f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+mma_kernels!(bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
+mma_kernels!(bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+mma_kernels!(bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+mma_kernels!(tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+mma_kernels!(tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+
+/// Stamps out an exact-f32 entry point for a `BM x BN` tile.
+macro_rules! fma_kernel {
+    ($bm:literal, $bn:literal) => {
+        const _: () = assert!(fma_stage_bytes($bm, $bn) <= fma_shared_bytes($bm, $bn));
+        paste::paste! {
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn [<matmul_fma_ $bm x $bn _f32>](
+                p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
+                z: *const u8,
+            ) {
+                const PA: usize = ($bm * FMA_BK / FMA_THREADS) as usize;
+                const PB: usize = ($bn * FMA_BK / FMA_THREADS) as usize;
+                const HM: usize = $bm / 32;
+                const HN: usize = $bn / 32;
+                let smem = dynamic_smem();
+                for_each_batch(&p, ($bm, $bn, 4), (a, b, d, bias, z), #[inline(always)] |a, b, ep, row0, col0| {
+                    fma_tile::<$bm, $bn, HM, HN, PA, PB, _, _, MatmulEpilogue>(
+                        &StridedGather::<$bm, PA>::new(a),
+                        &StridedGather::<$bn, PB>::new(b),
+                        p.k,
+                        smem,
+                        ep,
+                        row0,
+                        col0,
+                    )
+                });
+            }
+        }
+    };
+}
+
+fma_kernel!(128, 128);
+fma_kernel!(64, 64);

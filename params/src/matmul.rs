@@ -1,0 +1,196 @@
+//! Parameters of the `matmul_*` kernels (and of the tiled-MMA core's epilogue, which
+//! convolution will share).
+
+/// How one GEMM operand lies in memory, seen as an `extent x k` matrix (`A` is `M x K`,
+/// `B` is described as `N x K`, i.e. `op(B)` transposed): element `(i, kk)` of batch `b` is
+/// at `b * batch + i * mn + kk * k` elements from the operand's base.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OperandLayout {
+    pub batch: u64,
+    /// Stride along M (for A) or N (for B).
+    pub mn: u64,
+    /// Stride along K.
+    pub k: u64,
+}
+
+/// An `M x N` output-shaped tensor (the result `C`, the residual `Z`): element `(r, c)` of
+/// batch `b` is at `b * batch + r * row + c * col`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutputLayout {
+    pub batch: u64,
+    pub row: u64,
+    pub col: u64,
+}
+
+/// Which bias the epilogue adds.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BiasMode {
+    None = 0,
+    /// `bias[r]` added to row `r` (a length-M vector).
+    PerRow = 1,
+    /// `bias[c]` added to column `c` (a length-N vector: a linear layer's bias).
+    PerColumn = 2,
+}
+
+impl BiasMode {
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::PerRow,
+            2 => Self::PerColumn,
+            _ => Self::None,
+        }
+    }
+}
+
+/// Element type of the epilogue's tensors (result, residual and bias share one).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutputType {
+    F32 = 0,
+    F16 = 1,
+    Bf16 = 2,
+}
+
+impl OutputType {
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::F16,
+            2 => Self::Bf16,
+            _ => Self::F32,
+        }
+    }
+}
+
+/// What the epilogue does with accumulator `acc` of output element `(r, c)`:
+///
+/// `D = act(alpha * acc + beta * C + bias + residual_scale * Z)`, where `C` is the old
+/// content of `D` (read only when `beta != 0`), `bias` per [`BiasMode`], `Z` read only
+/// when `residual_scale != 0`; `act` is an [`crate::ActivationKind`] with `act_coef`.
+/// This is `cudnnConvolutionBiasActivationForward`'s order (residual and bias before the
+/// activation) and cuBLASLt's (`beta * C` before it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EpilogueParams {
+    pub out: OutputLayout,
+    pub residual: OutputLayout,
+    pub alpha: f32,
+    pub beta: f32,
+    pub residual_scale: f32,
+    pub act_coef: f32,
+    /// An [`crate::ActivationKind`].
+    pub activation: u32,
+    /// A [`BiasMode`].
+    pub bias: u32,
+    /// An [`OutputType`].
+    pub out_type: u32,
+    pub _pad: u32,
+}
+
+/// Parameters of `matmul_*`: `D[b] = epilogue(op(A)[b] x op(B)[b])` for `b < batch`, with
+/// `op(A)` `M x K` and `op(B)` `K x N` as [`OperandLayout`]s say.
+///
+/// The grid is `(tiles_m * tiles_n, min(batch, 65535))`: block `(x, y)` takes output tile
+/// [`tile_coords`]`(x)` of batches `y, y + gridDim.y, ..`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulParams {
+    pub a: OperandLayout,
+    pub b: OperandLayout,
+    pub epilogue: EpilogueParams,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+    pub batch: u32,
+}
+
+/// K per shared-memory stage of the tensor-core kernels, in bytes (64 16-bit elements or
+/// 32 tf32 ones): one 128-byte row per tile row, 4 (or 8 tf32) `mma` K steps per barrier.
+pub const MMA_BK_BYTES: u32 = 128;
+
+/// Threads of a tensor-core `bm x bn` tile: 8 warps, or 4 for tiles under 128 x 128.
+pub const fn mma_threads(bm: u32, bn: u32) -> u32 {
+    if bm * bn >= 128 * 128 {
+        256
+    } else {
+        128
+    }
+}
+
+/// Pipeline depth of a tensor-core `bm x bn` tile (3 for the largest, to fit 2 blocks' worth
+/// of registers and shared memory; else 4).
+pub const fn mma_stages(bm: u32, bn: u32) -> u32 {
+    if bm * bn >= 128 * 256 {
+        3
+    } else {
+        4
+    }
+}
+
+/// Dynamic shared memory of a tensor-core `bm x bn` tile: all stages of both operands.
+pub const fn mma_shared_bytes(bm: u32, bn: u32) -> u32 {
+    (bm + bn) * MMA_BK_BYTES * mma_stages(bm, bn)
+}
+
+/// K per stage of the exact-f32 (FMA) kernels.
+pub const FMA_BK: u32 = 8;
+/// Threads of an FMA block: a 16 x 16 grid of register tiles.
+pub const FMA_THREADS: u32 = 256;
+
+/// Dynamic shared memory of an FMA `bm x bn` tile: two stages of both operands, stored
+/// `[k][mn]` with rows padded by 4 floats, or the staged `bm x (bn + 4)` result, whichever
+/// is larger.
+pub const fn fma_shared_bytes(bm: u32, bn: u32) -> u32 {
+    let stages = 2 * FMA_BK * (bm + 4 + bn + 4) * 4;
+    let result = bm * (bn + 4) * 4;
+    if stages > result {
+        stages
+    } else {
+        result
+    }
+}
+
+/// Output tiles side by side in M that consecutive blocks sweep before moving along N, so
+/// that the blocks running at once share operand tiles in L2.
+pub const MATMUL_RASTER_GROUP: u32 = 8;
+
+/// The `(tile_m, tile_n)` block `block` of a `tiles_m x tiles_n` grid computes: blocks run
+/// down a group of [`MATMUL_RASTER_GROUP`] tile rows, column by column, group after group.
+#[inline(always)]
+pub fn tile_coords(block: u32, tiles_m: u32, tiles_n: u32) -> (u32, u32) {
+    let per_group = MATMUL_RASTER_GROUP * tiles_n.max(1);
+    let group = block / per_group;
+    let first_m = group * MATMUL_RASTER_GROUP;
+    let rows = tiles_m
+        .saturating_sub(first_m)
+        .clamp(1, MATMUL_RASTER_GROUP);
+    let within = block - group * per_group;
+    (first_m + within % rows, within / rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_coords_cover_the_grid_once() {
+        for (tm, tn) in [(1, 1), (1, 7), (7, 1), (8, 8), (9, 5), (17, 3), (64, 64)] {
+            let mut seen = [[false; 64]; 64];
+            for b in 0..tm * tn {
+                let (m, n) = tile_coords(b, tm, tn);
+                assert!(
+                    m < tm && n < tn,
+                    "block {b} -> ({m}, {n}) outside {tm}x{tn}"
+                );
+                assert!(!seen[m as usize][n as usize], "({m}, {n}) twice");
+                seen[m as usize][n as usize] = true;
+            }
+        }
+    }
+}

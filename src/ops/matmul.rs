@@ -1,0 +1,659 @@
+//! Matrix multiply with a fused epilogue (the cuDNN graph API's matmul; cuBLASLt's matmul
+//! with its bias/activation epilogues):
+//!
+//! `D = act(alpha * op(A) op(B) + beta * C + bias + residual_scale * Z)`
+//!
+//! `A` is `[M, K]` or `[batch, M, K]`, `B` `[K, N]` or `[batch, K, N]`, `C`/`D` (one buffer)
+//! `[M, N]` or `[batch, M, N]`. Transposes are strides: a transposed `A` is the `[M, K]`
+//! descriptor with strides `[1, M]`. A batch of 1 in `A` or `B` broadcasts over `C`'s batch.
+//! The arithmetic is the caller's explicit choice, [`MatmulMath`].
+//!
+//! ```
+//! use oxidnn::*;
+//! let (handle, _) = Handle::gpu_or_cpu();
+//! let a_desc = TensorDescriptor::packed(DataType::F32, &[2, 3])?;
+//! let b_desc = TensorDescriptor::packed(DataType::F32, &[3, 2])?;
+//! let c_desc = TensorDescriptor::packed(DataType::F32, &[2, 2])?;
+//! let bias_desc = TensorDescriptor::packed(DataType::F32, &[2])?;
+//! let a = handle.upload(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+//! let b = handle.upload(&[1.0f32, 0.0, 0.0, 1.0, 1.0, -1.0])?;
+//! let bias = handle.upload(&[0.5f32, -10.0])?;
+//! let mut c = handle.alloc(&c_desc)?;
+//! // A linear layer with a relu: relu(A B + bias), bias per output column.
+//! let epilogue = MatmulEpilogue {
+//!     activation: ActivationDescriptor::relu(),
+//!     bias: Some(MatmulBias { mode: BiasMode::PerColumn, desc: &bias_desc, data: &bias }),
+//!     residual: None,
+//! };
+//! let desc = MatmulDescriptor::new(MatmulMath::Fma);
+//! matmul(&handle, &desc, 1.0, &a_desc, &a, &b_desc, &b, 0.0, &c_desc, &mut c, &epilogue)?;
+//! assert_eq!(handle.read::<f32>(&c)?, [4.5, 0.0, 10.5, 0.0]);
+//! # Ok::<(), oxidnn::Error>(())
+//! ```
+
+use super::activation::ActivationDescriptor;
+use super::{host_read, host_write, scale_factor};
+use crate::buffer::Buffer;
+use crate::descriptor::{check_output, check_same_dtype, TensorDescriptor};
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::handle::{Backend, Handle};
+use crate::kernels;
+use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
+use crate::reference;
+pub use oxidnn_params::BiasMode;
+use oxidnn_params::{
+    fma_shared_bytes, mma_shared_bytes, mma_threads, EpilogueParams, MatmulParams, OperandLayout,
+    OutputLayout, OutputType, FMA_THREADS,
+};
+
+/// The arithmetic of a matmul (cuDNN's math type), always the caller's explicit choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulMath {
+    /// f32 inputs, f32 FMA on CUDA cores: exact f32 arithmetic (f64 on the CPU handle).
+    Fma,
+    /// f32 inputs rounded to tf32 (10-bit mantissa) on tensor cores, f32 accumulation:
+    /// about 1e-3 relative error, several times the speed. Opt-in.
+    Tf32,
+    /// f16 or bf16 inputs on tensor cores with f32 accumulation (products are exact).
+    TensorOp,
+}
+
+impl MatmulMath {
+    /// The math a matmul on `dtype` inputs uses unless told otherwise: exact FMA for f32
+    /// (and f64), tensor cores for f16/bf16. Never tf32.
+    pub fn default_for(dtype: DataType) -> Self {
+        match dtype {
+            DataType::F16 | DataType::BF16 => Self::TensorOp,
+            _ => Self::Fma,
+        }
+    }
+}
+
+/// A matmul algorithm: the output tile one thread block computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulAlgo {
+    /// 128 x 256, 8 warps of 64 x 64, 3 stages (tensor cores, 16-bit inputs).
+    Tile128x256,
+    /// 128 x 128, 8 warps (tensor cores: 64 x 32 each, 4 stages; FMA: 8 x 8 per thread).
+    Tile128x128,
+    /// 64 x 64, for small or skinny problems (tensor cores: 4 warps; FMA: 4 x 4 per thread).
+    Tile64x64,
+}
+
+impl MatmulAlgo {
+    /// Every algorithm, largest tile first.
+    pub const ALL: [MatmulAlgo; 3] = [Self::Tile128x256, Self::Tile128x128, Self::Tile64x64];
+
+    /// The output tile, rows x columns.
+    pub fn tile(self) -> (usize, usize) {
+        match self {
+            Self::Tile128x256 => (128, 256),
+            Self::Tile128x128 => (128, 128),
+            Self::Tile64x64 => (64, 64),
+        }
+    }
+
+    /// Whether this algorithm has kernels for `math`.
+    pub fn supports(self, math: MatmulMath) -> bool {
+        math == MatmulMath::TensorOp || self != Self::Tile128x256
+    }
+}
+
+/// How to multiply: the math, and optionally a forced algorithm (else [`get_matmul_algorithm`]
+/// picks one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulDescriptor {
+    math: MatmulMath,
+    algo: Option<MatmulAlgo>,
+}
+
+impl MatmulDescriptor {
+    pub fn new(math: MatmulMath) -> Self {
+        Self { math, algo: None }
+    }
+    /// The descriptor with [`MatmulMath::default_for`] `dtype`.
+    pub fn for_dtype(dtype: DataType) -> Self {
+        Self::new(MatmulMath::default_for(dtype))
+    }
+    /// Forces `algo` (an error at the call if it does not support the math).
+    pub fn with_algorithm(self, algo: MatmulAlgo) -> Self {
+        Self {
+            algo: Some(algo),
+            ..self
+        }
+    }
+    pub fn math(&self) -> MatmulMath {
+        self.math
+    }
+    pub fn algorithm(&self) -> Option<MatmulAlgo> {
+        self.algo
+    }
+}
+
+/// A bias vector added before the activation: length M ([`BiasMode::PerRow`]) or N
+/// ([`BiasMode::PerColumn`], a linear layer's bias), packed, of `C`'s dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulBias<'a> {
+    pub mode: BiasMode,
+    pub desc: &'a TensorDescriptor,
+    pub data: &'a Buffer,
+}
+
+/// A residual `Z` of `C`'s dims and dtype (any strides), added as `scale * Z` before the
+/// activation (cudnnConvolutionBiasActivationForward's `alpha2 * z`).
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulResidual<'a> {
+    pub scale: f64,
+    pub desc: &'a TensorDescriptor,
+    pub data: &'a Buffer,
+}
+
+/// What the matmul does to each result before storing it; `Default` is nothing (identity
+/// activation, no bias, no residual).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatmulEpilogue<'a> {
+    pub activation: ActivationDescriptor,
+    pub bias: Option<MatmulBias<'a>>,
+    pub residual: Option<MatmulResidual<'a>>,
+}
+
+/// One timed candidate of [`find_matmul_algorithm`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatmulAlgoPerf {
+    pub algo: MatmulAlgo,
+    /// Median time of the timed runs, milliseconds.
+    pub time_ms: f32,
+}
+
+/// `D = act(alpha * op(A) op(B) + beta * C + bias + scale * Z)` (see the module docs); `C`
+/// is `c` before the call and is not read when `beta == 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    handle: &Handle,
+    desc: &MatmulDescriptor,
+    alpha: f64,
+    a_desc: &TensorDescriptor,
+    a: &Buffer,
+    b_desc: &TensorDescriptor,
+    b: &Buffer,
+    beta: f64,
+    c_desc: &TensorDescriptor,
+    c: &mut Buffer,
+    epilogue: &MatmulEpilogue,
+) -> Result<()> {
+    let problem = Problem::new(handle, desc, a_desc, b_desc, c_desc, epilogue)?;
+    handle.check_tensor("a", a_desc, a)?;
+    handle.check_tensor("b", b_desc, b)?;
+    handle.check_tensor("c", c_desc, c)?;
+    if let Some(bias) = &epilogue.bias {
+        handle.check_tensor("bias", bias.desc, bias.data)?;
+    }
+    if let Some(z) = &epilogue.residual {
+        handle.check_tensor("residual", z.desc, z.data)?;
+    }
+    let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    match &handle.backend {
+        Backend::Cpu => {
+            let (at, bt) = (host_read(a_desc, a)?, host_read(b_desc, b)?);
+            let mut ct = host_read(c_desc, c)?;
+            let bias = match &epilogue.bias {
+                Some(v) => Some((v.mode, host_read(v.desc, v.data)?)),
+                None => None,
+            };
+            let residual = match &epilogue.residual {
+                Some(v) => Some((v.scale, host_read(v.desc, v.data)?)),
+                None => None,
+            };
+            reference::matmul::matmul(
+                alpha,
+                &at,
+                &bt,
+                beta,
+                &mut ct,
+                bias.as_ref().map(|(m, t)| (*m, t)),
+                residual.as_ref().map(|(s, t)| (*s, t)),
+                &epilogue.activation,
+            );
+            host_write(&ct, c)
+        }
+        Backend::Gpu(gpu) => {
+            let algo = match desc.algo {
+                Some(algo) => algo,
+                None => problem.heuristic(gpu.sm_count),
+            };
+            let ptrs = Pointers {
+                a: device_ptr(gpu, a)?,
+                b: device_ptr(gpu, b)?,
+                c: device_ptr_mut(gpu, c)?,
+                bias: match &epilogue.bias {
+                    Some(v) => device_ptr(gpu, v.data)?,
+                    None => 0,
+                },
+                residual: match &epilogue.residual {
+                    Some(v) => device_ptr(gpu, v.data)?,
+                    None => 0,
+                },
+            };
+            problem.launch(gpu, algo, alpha32, beta32, epilogue, &ptrs)
+        }
+    }
+}
+
+/// The algorithm [`matmul`] picks for these descriptors when none is forced: the largest
+/// tile that still gives every SM a block, else the smallest (no launch, no timing).
+pub fn get_matmul_algorithm(
+    handle: &Handle,
+    desc: &MatmulDescriptor,
+    a_desc: &TensorDescriptor,
+    b_desc: &TensorDescriptor,
+    c_desc: &TensorDescriptor,
+) -> Result<MatmulAlgo> {
+    let problem = Problem::new(
+        handle,
+        desc,
+        a_desc,
+        b_desc,
+        c_desc,
+        &MatmulEpilogue::default(),
+    )?;
+    let sms = match &handle.backend {
+        Backend::Gpu(gpu) => gpu.sm_count,
+        Backend::Cpu => 132,
+    };
+    Ok(problem.heuristic(sms))
+}
+
+/// Times every algorithm that supports `desc`'s math on the caller's buffers (as
+/// cudnnFind does: one warm-up, then the median of `runs` timed calls each) and returns them
+/// fastest first. `c` holds an unspecified result afterwards (each trial writes it).
+#[allow(clippy::too_many_arguments)]
+pub fn find_matmul_algorithm(
+    handle: &Handle,
+    desc: &MatmulDescriptor,
+    alpha: f64,
+    a_desc: &TensorDescriptor,
+    a: &Buffer,
+    b_desc: &TensorDescriptor,
+    b: &Buffer,
+    beta: f64,
+    c_desc: &TensorDescriptor,
+    c: &mut Buffer,
+    epilogue: &MatmulEpilogue,
+    runs: usize,
+) -> Result<Vec<MatmulAlgoPerf>> {
+    let gpu = match &handle.backend {
+        Backend::Gpu(gpu) => gpu,
+        Backend::Cpu => return Err(Error::unsupported("timing algorithms needs a GPU handle")),
+    };
+    let mut ranked = Vec::new();
+    for algo in MatmulAlgo::ALL
+        .into_iter()
+        .filter(|a| a.supports(desc.math))
+    {
+        let forced = desc.with_algorithm(algo);
+        let mut call = || {
+            matmul(
+                handle, &forced, alpha, a_desc, a, b_desc, b, beta, c_desc, c, epilogue,
+            )
+        };
+        call()?;
+        let mut times = Vec::with_capacity(runs.max(1));
+        for _ in 0..runs.max(1) {
+            times.push(gpu.time(&mut call)?);
+        }
+        times.sort_by(f32::total_cmp);
+        ranked.push(MatmulAlgoPerf {
+            algo,
+            time_ms: times[times.len() / 2],
+        });
+    }
+    ranked.sort_by(|x, y| x.time_ms.total_cmp(&y.time_ms));
+    Ok(ranked)
+}
+
+/// Device addresses of a call's buffers (0 for absent epilogue inputs).
+struct Pointers {
+    a: u64,
+    b: u64,
+    c: u64,
+    bias: u64,
+    residual: u64,
+}
+
+/// A validated matmul: sizes, strides (extent-1 dims at stride 0) and types.
+#[derive(Clone, Debug)]
+struct Problem {
+    math: MatmulMath,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    /// `A` as `M x K`, `B` as `N x K` (see [`OperandLayout`]).
+    a: OperandLayout,
+    b: OperandLayout,
+    c: OutputLayout,
+    residual: OutputLayout,
+    input: DataType,
+    output: DataType,
+}
+
+/// `(batch, rows, cols)` of a rank-2 or rank-3 matrix descriptor and its strides (batch,
+/// row, col), a dim of extent 1 at stride 0.
+fn matrix(arg: &'static str, d: &TensorDescriptor) -> Result<([usize; 3], [u64; 3])> {
+    let (dims, strides): (Vec<usize>, Vec<usize>) = match d.rank() {
+        2 => (
+            [&[1], d.dims()].concat(),
+            [&[0], d.strides()].concat(),
+        ),
+        3 => (d.dims().to_vec(), d.strides().to_vec()),
+        r => {
+            return Err(Error::bad(
+                arg,
+                format!("a matmul operand has rank 2 ([rows, cols]) or 3 ([batch, rows, cols]), got rank {r}"),
+            ))
+        }
+    };
+    let stride = |i: usize| if dims[i] == 1 { 0 } else { strides[i] as u64 };
+    Ok((
+        [dims[0], dims[1], dims[2]],
+        [stride(0), stride(1), stride(2)],
+    ))
+}
+
+impl Problem {
+    fn new(
+        handle: &Handle,
+        desc: &MatmulDescriptor,
+        a_desc: &TensorDescriptor,
+        b_desc: &TensorDescriptor,
+        c_desc: &TensorDescriptor,
+        ep: &MatmulEpilogue,
+    ) -> Result<Self> {
+        let ([ab, m, k], sa) = matrix("a_desc", a_desc)?;
+        let ([bb, kb, n], sb) = matrix("b_desc", b_desc)?;
+        let ([batch, mc, nc], sc) = matrix("c_desc", c_desc)?;
+        if kb != k {
+            return Err(Error::bad(
+                "b_desc",
+                format!("op(B) has {kb} rows but op(A) has K = {k} columns"),
+            ));
+        }
+        if (mc, nc) != (m, n) {
+            return Err(Error::bad(
+                "c_desc",
+                format!("C is {mc} x {nc}, op(A) op(B) is {m} x {n}"),
+            ));
+        }
+        for (arg, b) in [("a_desc", ab), ("b_desc", bb)] {
+            if b != 1 && b != batch {
+                return Err(Error::bad(
+                    arg,
+                    format!("batch {b} is neither 1 (broadcast) nor C's batch {batch}"),
+                ));
+            }
+        }
+        check_same_dtype("b_desc", a_desc, b_desc)?;
+        check_output("c_desc", c_desc)?;
+        let (input, output) = (a_desc.dtype(), c_desc.dtype());
+        let math_ok = match desc.math {
+            MatmulMath::Fma => matches!(input, DataType::F32 | DataType::F64),
+            MatmulMath::Tf32 => input == DataType::F32,
+            MatmulMath::TensorOp => matches!(input, DataType::F16 | DataType::BF16),
+        };
+        if !math_ok {
+            return Err(Error::unsupported(format!(
+                "math {:?} does not take {input} inputs (Fma: f32/f64, Tf32: f32, TensorOp: f16/bf16)",
+                desc.math
+            )));
+        }
+        let output_ok = output == input || (output == DataType::F32 && input.size_bytes() == 2);
+        if !output_ok {
+            return Err(Error::unsupported(format!(
+                "a matmul of {input} inputs writes {input} or (from 16-bit inputs) f32, not {output}"
+            )));
+        }
+        if input == DataType::F64 && handle.is_gpu() {
+            return Err(Error::unsupported("f64 matmul runs on the CPU handle only"));
+        }
+        if let Some(bias) = &ep.bias {
+            let len = match bias.mode {
+                BiasMode::PerRow => m,
+                BiasMode::PerColumn => n,
+                BiasMode::None => {
+                    return Err(Error::bad(
+                        "bias",
+                        "a bias is given with BiasMode::None; pass PerRow or PerColumn",
+                    ))
+                }
+            };
+            if bias.desc.dims() != [len] || bias.desc.strides() != [1] {
+                return Err(Error::bad(
+                    "bias",
+                    format!(
+                        "a {:?} bias is a packed vector of {len}, got {}",
+                        bias.mode,
+                        bias.desc.problem_string()
+                    ),
+                ));
+            }
+            check_same_dtype("bias", c_desc, bias.desc)?;
+        }
+        let mut residual = OutputLayout::default();
+        if let Some(z) = &ep.residual {
+            if z.desc.dims() != c_desc.dims() {
+                return Err(Error::bad(
+                    "residual",
+                    format!("Z has dims {:?}, C has {:?}", z.desc.dims(), c_desc.dims()),
+                ));
+            }
+            check_same_dtype("residual", c_desc, z.desc)?;
+            scale_factor("residual.scale", z.scale)?;
+            let (_, sz) = matrix("residual", z.desc)?;
+            residual = OutputLayout {
+                batch: sz[0],
+                row: sz[1],
+                col: sz[2],
+            };
+        }
+        let limit = i32::MAX as usize;
+        if [m, n, k, batch].iter().any(|&v| v > limit) {
+            return Err(Error::unsupported(format!(
+                "matmul sizes up to 2^31-1, got M={m} N={n} K={k} batch={batch}"
+            )));
+        }
+        Ok(Self {
+            math: desc.math,
+            m,
+            n,
+            k,
+            batch,
+            a: OperandLayout {
+                batch: sa[0],
+                mn: sa[1],
+                k: sa[2],
+            },
+            b: OperandLayout {
+                batch: sb[0],
+                mn: sb[2],
+                k: sb[1],
+            },
+            c: OutputLayout {
+                batch: sc[0],
+                row: sc[1],
+                col: sc[2],
+            },
+            residual,
+            input,
+            output,
+        })
+    }
+
+    fn tiles(&self, algo: MatmulAlgo) -> usize {
+        let (bm, bn) = algo.tile();
+        self.m.div_ceil(bm) * self.n.div_ceil(bn) * self.batch
+    }
+
+    /// The largest supported tile with at least one block per SM, else the smallest.
+    fn heuristic(&self, sm_count: u32) -> MatmulAlgo {
+        MatmulAlgo::ALL
+            .into_iter()
+            .filter(|a| a.supports(self.math))
+            .find(|&a| self.tiles(a) >= sm_count as usize)
+            .unwrap_or(MatmulAlgo::Tile64x64)
+    }
+
+    /// The same product transposed: `D^T = op(B)^T op(A)^T`, so that a column-major `C`
+    /// becomes row-major (the epilogue's paired stores want unit column stride).
+    fn transposed(&self) -> Self {
+        let swap = |l: OutputLayout| OutputLayout {
+            batch: l.batch,
+            row: l.col,
+            col: l.row,
+        };
+        Self {
+            m: self.n,
+            n: self.m,
+            a: self.b,
+            b: self.a,
+            c: swap(self.c),
+            residual: swap(self.residual),
+            ..self.clone()
+        }
+    }
+
+    /// How the tensor-core kernels copy an operand of `extent` rows: `k` (K contiguous),
+    /// `n` (MN contiguous), or `None` (neither with 16-byte aligned other strides).
+    fn copy_mode(&self, l: &OperandLayout, extent: usize) -> Option<char> {
+        let per_chunk = (16 / self.input.size_bytes()) as u64;
+        let aligned = |s: u64| s.is_multiple_of(per_chunk);
+        let k_contiguous = self.k == 1 || l.k == 1;
+        let mn_contiguous = extent == 1 || l.mn == 1;
+        if k_contiguous && aligned(l.mn) && aligned(l.batch) {
+            Some('k')
+        } else if mn_contiguous && aligned(l.k) && aligned(l.batch) {
+            Some('n')
+        } else {
+            None
+        }
+    }
+
+    fn kernel(&self, algo: MatmulAlgo) -> Result<&'static str> {
+        let (bm, bn) = algo.tile();
+        let name = match self.math {
+            MatmulMath::Fma => format!("matmul_fma_{bm}x{bn}_f32"),
+            MatmulMath::Tf32 | MatmulMath::TensorOp => {
+                let dtype = match self.math {
+                    MatmulMath::Tf32 => "tf32",
+                    _ => self.input.name(),
+                };
+                let modes = match (
+                    self.copy_mode(&self.a, self.m),
+                    self.copy_mode(&self.b, self.n),
+                ) {
+                    (Some(la), Some(lb)) => format!("{la}{lb}"),
+                    _ => "gg".to_string(),
+                };
+                format!("matmul_mma_{bm}x{bn}_{modes}_{dtype}")
+            }
+        };
+        kernels::lookup(&name).ok_or_else(|| {
+            Error::unsupported(format!(
+                "algorithm {algo:?} has no kernel for math {:?} on {} inputs ({name})",
+                self.math, self.input
+            ))
+        })
+    }
+
+    fn launch(
+        &self,
+        gpu: &Gpu,
+        algo: MatmulAlgo,
+        alpha: f32,
+        beta: f32,
+        ep: &MatmulEpilogue,
+        ptrs: &Pointers,
+    ) -> Result<()> {
+        if !algo.supports(self.math) {
+            return Err(Error::unsupported(format!(
+                "algorithm {algo:?} does not support math {:?}",
+                self.math
+            )));
+        }
+        let mut bias_mode = ep.bias.map_or(BiasMode::None, |b| b.mode);
+        let mut p = self.clone();
+        let (mut a, mut b) = (ptrs.a, ptrs.b);
+        if p.c.col != 1 && p.c.row == 1 {
+            p = p.transposed();
+            (a, b) = (b, a);
+            bias_mode = match bias_mode {
+                BiasMode::PerRow => BiasMode::PerColumn,
+                BiasMode::PerColumn => BiasMode::PerRow,
+                BiasMode::None => BiasMode::None,
+            };
+        }
+        let kernel = p.kernel(algo)?;
+        let (bm, bn) = algo.tile();
+        let (tiles_m, tiles_n) = (p.m.div_ceil(bm), p.n.div_ceil(bn));
+        if tiles_m * tiles_n > i32::MAX as usize {
+            return Err(Error::unsupported(format!(
+                "{tiles_m} x {tiles_n} output tiles exceed the grid"
+            )));
+        }
+        let params = MatmulParams {
+            a: p.a,
+            b: p.b,
+            epilogue: EpilogueParams {
+                out: p.c,
+                residual: p.residual,
+                alpha,
+                beta,
+                residual_scale: ep.residual.map_or(0.0, |z| z.scale as f32),
+                act_coef: ep.activation.coef() as f32,
+                activation: ep.activation.mode() as u32,
+                bias: bias_mode as u32,
+                out_type: match p.output {
+                    DataType::F16 => OutputType::F16,
+                    DataType::BF16 => OutputType::Bf16,
+                    _ => OutputType::F32,
+                } as u32,
+                _pad: 0,
+            },
+            m: p.m as u32,
+            n: p.n as u32,
+            k: p.k as u32,
+            tiles_m: tiles_m as u32,
+            tiles_n: tiles_n as u32,
+            batch: p.batch as u32,
+        };
+        let cfg = LaunchConfig {
+            grid: (tiles_m * tiles_n) as u32,
+            grid_y: p.batch.min(65535) as u32,
+            block: p.threads(algo),
+            shared_bytes: p.shared_bytes(algo),
+        };
+        let pointers = [a, b, ptrs.c, ptrs.bias, ptrs.residual];
+        // SAFETY: every buffer was checked to hold its descriptor's span, and the layouts
+        // passed are those descriptors' strides (dims of extent 1 at stride 0), so every
+        // element the kernel reads or writes, within M x N x K x batch, lies in its buffer;
+        // the bias and residual pointers are read only when their mode / scale say so,
+        // which is exactly when they were given and checked.
+        unsafe { gpu.launch(kernel, cfg, &params, &pointers) }
+    }
+
+    fn threads(&self, algo: MatmulAlgo) -> u32 {
+        let (bm, bn) = algo.tile();
+        match self.math {
+            MatmulMath::Fma => FMA_THREADS,
+            _ => mma_threads(bm as u32, bn as u32),
+        }
+    }
+
+    fn shared_bytes(&self, algo: MatmulAlgo) -> u32 {
+        let (bm, bn) = algo.tile();
+        match self.math {
+            MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
+            _ => mma_shared_bytes(bm as u32, bn as u32),
+        }
+    }
+}
