@@ -712,12 +712,13 @@ fn unsupported_precision_combinations_say_so() {
     }
     with_gpu("unsupported_algorithm", |h| {
         let call = Call {
+            math: MatmulMath::Tf32,
             algo: Some(MatmulAlgo::Tile128x256),
             ..Call::valid()
         };
         match call.run(h) {
             Err(Error::NotSupported { message }) => assert!(message.contains("Tile128x256")),
-            other => panic!("128x256 FMA: got {other:?}"),
+            other => panic!("128x256 tf32: got {other:?}"),
         }
         let call = Call {
             a: d(DataType::F64, &[4, 3]),

@@ -377,10 +377,13 @@ unsafe fn fma_stage<const ROWS: u32, const PER: usize>(k_fast: bool, dst: u32, v
     });
 }
 
-/// `L` consecutive f32s from shared memory (one vector load when `L` is 4 or 2).
+/// `L` consecutive f32s from shared memory (vector loads when `L` is 8, 4 or 2).
 #[inline(always)]
 unsafe fn ld_run<const L: usize>(addr: u32) -> [f32; L] {
-    if L == 4 {
+    if L == 8 {
+        let (lo, hi) = (ld_shared_v4(addr), ld_shared_v4(addr + 16));
+        core::array::from_fn(|i| f32::from_bits(if i < 4 { lo[i % 4] } else { hi[i % 4] }))
+    } else if L == 4 {
         let v = ld_shared_v4(addr);
         core::array::from_fn(|i| f32::from_bits(v[i % 4]))
     } else if L == 2 {

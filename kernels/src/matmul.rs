@@ -608,5 +608,6 @@ macro_rules! fma_kernel {
     };
 }
 
+fma_kernel!(128, 256);
 fma_kernel!(128, 128);
 fma_kernel!(64, 64);

@@ -73,7 +73,8 @@ impl MatmulMath {
 /// A matmul algorithm: the output tile one thread block computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulAlgo {
-    /// 128 x 256, 8 warps of 64 x 64, 3 stages (tensor cores, 16-bit inputs).
+    /// 128 x 256 (tensor cores, 16-bit inputs: 8 warps of 64 x 64, 3 stages; FMA: 8 x 16
+    /// per thread). No tf32 kernel.
     Tile128x256,
     /// 128 x 128, 8 warps (tensor cores: 64 x 32 each, 4 stages; FMA: 8 x 8 per thread).
     Tile128x128,
@@ -96,7 +97,7 @@ impl MatmulAlgo {
 
     /// Whether this algorithm has kernels for `math`.
     pub fn supports(self, math: MatmulMath) -> bool {
-        math == MatmulMath::TensorOp || self != Self::Tile128x256
+        math != MatmulMath::Tf32 || self != Self::Tile128x256
     }
 }
 
@@ -241,7 +242,8 @@ pub fn matmul(
 }
 
 /// The algorithm [`matmul`] picks for these descriptors when none is forced: the largest
-/// tile that still gives every SM a block, else the smallest (no launch, no timing).
+/// tile that still gives every SM a block (several when K is short), else the smallest (no
+/// launch, no timing).
 pub fn get_matmul_algorithm(
     handle: &Handle,
     desc: &MatmulDescriptor,
@@ -494,12 +496,15 @@ impl Problem {
         self.m.div_ceil(bm) * self.n.div_ceil(bn) * self.batch
     }
 
-    /// The largest supported tile with at least one block per SM, else the smallest.
+    /// The largest supported tile with at least one block per SM (eight when K < 256:
+    /// short K makes the epilogue's stores the main cost, and small tiles spread them
+    /// wider), else the smallest.
     fn heuristic(&self, sm_count: u32) -> MatmulAlgo {
+        let waves = if self.k < 256 { 8 } else { 1 };
         MatmulAlgo::ALL
             .into_iter()
             .filter(|a| a.supports(self.math))
-            .find(|&a| self.tiles(a) >= sm_count as usize)
+            .find(|&a| self.tiles(a) >= waves * sm_count as usize)
             .unwrap_or(MatmulAlgo::Tile64x64)
     }
 
