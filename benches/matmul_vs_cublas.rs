@@ -44,8 +44,8 @@
 mod common;
 
 use common::{
-    dev, dev_mut, device_address, filter_arg, fmt_opt, open_csv, open_gpu, poison_async,
-    quick_mode, random_bytes, relative_error, Context, Res, Timer,
+    dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async, random_bytes,
+    relative_error, Args, Context, Res, Timer,
 };
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::CudaStream;
@@ -979,19 +979,7 @@ impl Report {
 // main
 // ---------------------------------------------------------------------------------------
 
-struct Args {
-    filter: Option<String>,
-    quick: bool,
-}
-
 impl Args {
-    fn parse() -> Self {
-        Self {
-            filter: filter_arg(),
-            quick: quick_mode(),
-        }
-    }
-
     fn selects(&self, shape: &Shape, prec: Precision) -> bool {
         if self.quick && !shape.quick {
             return false;

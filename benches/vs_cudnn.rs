@@ -25,8 +25,8 @@
 mod common;
 
 use common::{
-    copy_async, dev, dev_mut, device_address, filter_arg, fmt_opt, open_csv, open_gpu,
-    poison_async, quick_mode, random_bytes, relative_error, Context, Res, Timer,
+    copy_async, dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async,
+    random_bytes, relative_error, Args, Context, Res, Timer,
 };
 use cudarc::cudnn::sys as cudnn_sys;
 use cudarc::driver::CudaStream;
@@ -1433,19 +1433,7 @@ impl Report {
 // main
 // ---------------------------------------------------------------------------------------
 
-struct Args {
-    filter: Option<String>,
-    quick: bool,
-}
-
 impl Args {
-    fn parse() -> Self {
-        Self {
-            filter: filter_arg(),
-            quick: quick_mode(),
-        }
-    }
-
     fn selects(&self, dims: &[usize; 4], dtype: DataType, op: Op) -> bool {
         if !op.applies_to(dtype) {
             return false;

@@ -412,15 +412,21 @@ pub fn open_gpu(bench: &str) -> Res<Option<Gpu>> {
     }))
 }
 
-/// The command line's row filter: the first argument that is not a flag (`cargo bench`
-/// passes `--bench`).
-pub fn filter_arg() -> Option<String> {
-    std::env::args().skip(1).find(|a| !a.starts_with("--"))
+/// What selects a bench's rows: the command line's filter (the first argument that is not
+/// a flag; `cargo bench` passes `--bench`) and `OXIDNN_BENCH_QUICK` (a few rows only). Each
+/// bench adds its own `selects`.
+pub struct Args {
+    pub filter: Option<String>,
+    pub quick: bool,
 }
 
-/// Whether `OXIDNN_BENCH_QUICK` asks for a few rows only.
-pub fn quick_mode() -> bool {
-    std::env::var("OXIDNN_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+impl Args {
+    pub fn parse() -> Self {
+        Self {
+            filter: std::env::args().skip(1).find(|a| !a.starts_with("--")),
+            quick: std::env::var("OXIDNN_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0"),
+        }
+    }
 }
 
 /// The CSV at `OXIDNN_BENCH_CSV` (else `default_path`) with `header` written, or `None`
