@@ -44,8 +44,8 @@
 mod common;
 
 use common::{
-    dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async, random_bytes,
-    relative_error, Args, Context, Res, Timer,
+    dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async, random_bytes, Args,
+    Check, Context, Res, Timer,
 };
 use cudarc::cublas::sys as cublas_sys;
 use cudarc::driver::CudaStream;
@@ -529,15 +529,6 @@ struct Bench {
     max_runs: usize,
 }
 
-enum Check {
-    Ok(f64),
-    Mismatch(f64),
-    /// No cuBLAS result to compare with.
-    NoReference,
-    /// oxidnn failed.
-    Error,
-}
-
 struct Row {
     prec: Precision,
     shape: Shape,
@@ -650,18 +641,7 @@ fn run_row(b: &Bench, g: &mut Group, prec: Precision) -> Row {
         Some(Err(e)) => row.notes.push(e.clone()),
         None => {}
     }
-    row.check = match (&ox_out, &cu_out) {
-        (Ok(got), Some(Ok(want))) => {
-            let err = relative_error(prec.dtype(), got, want);
-            if err <= prec.tolerance() {
-                Check::Ok(err)
-            } else {
-                Check::Mismatch(err)
-            }
-        }
-        (Ok(_), _) => Check::NoReference,
-        (Err(_), _) => Check::Error,
-    };
+    row.check = Check::compare(&ox_out, cu_out.as_ref(), prec.dtype(), prec.tolerance());
     drop((ox_out, cu_out));
 
     // oxidnn's fastest algorithm here, timed by the library itself.

@@ -26,7 +26,7 @@ mod common;
 
 use common::{
     copy_async, dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async,
-    random_bytes, relative_error, Args, Context, Res, Timer,
+    random_bytes, Args, Check, Context, Res, Timer,
 };
 use cudarc::cudnn::sys as cudnn_sys;
 use cudarc::driver::CudaStream;
@@ -1110,15 +1110,6 @@ enum Timing {
     Missing,
 }
 
-enum Check {
-    Ok(f64),
-    Mismatch(f64),
-    /// No cuDNN result to compare with.
-    NoReference,
-    /// oxidnn failed.
-    Error,
-}
-
 struct Row {
     op: Op,
     dtype: String,
@@ -1228,19 +1219,8 @@ fn run_case(b: &Bench, g: &mut Group, op: Op) -> Row {
         Some(Err(e)) => row.notes.push(e.clone()),
         None => {}
     }
-    row.check = match (&ox_out, &cu_out) {
-        (Ok(got), Some(Ok(want))) => {
-            let dtype = op.output(p).1.dtype();
-            let err = relative_error(dtype, got, want);
-            if err < tolerance(dtype) {
-                Check::Ok(err)
-            } else {
-                Check::Mismatch(err)
-            }
-        }
-        (Ok(_), _) => Check::NoReference,
-        (Err(_), _) => Check::Error,
-    };
+    let dtype = op.output(p).1.dtype();
+    row.check = Check::compare(&ox_out, cu_out.as_ref(), dtype, tolerance(dtype));
     if sides.is_empty() {
         return row;
     }

@@ -412,6 +412,40 @@ pub fn open_gpu(bench: &str) -> Res<Option<Gpu>> {
     }))
 }
 
+/// How oxidnn's output of a row compared with the vendor library's.
+pub enum Check {
+    Ok(f64),
+    Mismatch(f64),
+    /// No vendor result to compare with.
+    NoReference,
+    /// oxidnn failed.
+    Error,
+}
+
+impl Check {
+    /// Compares oxidnn's output bytes with the vendor's (when it ran): a relative error
+    /// norm within `tolerance` is `Ok`.
+    pub fn compare(
+        ours: &Res<Vec<u8>>,
+        vendor: Option<&Res<Vec<u8>>>,
+        dtype: DataType,
+        tolerance: f64,
+    ) -> Self {
+        match (ours, vendor) {
+            (Ok(got), Some(Ok(want))) => {
+                let err = relative_error(dtype, got, want);
+                if err <= tolerance {
+                    Check::Ok(err)
+                } else {
+                    Check::Mismatch(err)
+                }
+            }
+            (Ok(_), _) => Check::NoReference,
+            (Err(_), _) => Check::Error,
+        }
+    }
+}
+
 /// What selects a bench's rows: the command line's filter (the first argument that is not
 /// a flag; `cargo bench` passes `--bench`) and `OXIDNN_BENCH_QUICK` (a few rows only). Each
 /// bench adds its own `selects`.

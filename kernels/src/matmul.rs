@@ -156,33 +156,13 @@ impl<
         const BK: u32,
         const THREADS: u32,
         const SLOTS: usize,
-    > StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
-{
-    /// Shared rows run along K (K-major: ROWS rows of BK) or along MN (BK rows of ROWS).
-    const ROW_LEN: u32 = if K_MAJOR { BK } else { ROWS };
-    const ROW_CHUNKS: u32 = Self::ROW_LEN / E::PER_CHUNK;
-}
-
-impl<
-        E: MmaElement,
-        const K_MAJOR: bool,
-        const ROWS: u32,
-        const BK: u32,
-        const THREADS: u32,
-        const SLOTS: usize,
     > MatmulLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
 {
     #[inline(always)]
     fn new(op: Operand) -> Self {
-        let slots = Slots::new(
-            &op,
-            !K_MAJOR,
-            Self::ROW_LEN,
-            E::PER_CHUNK,
-            THREADS,
-            BK,
-            E::BYTES,
-        );
+        // Shared rows run along K (K-major: ROWS rows of BK) or along MN (BK rows of ROWS).
+        let row_len = if K_MAJOR { BK } else { ROWS };
+        let slots = Slots::new(&op, !K_MAJOR, row_len, E::PER_CHUNK, THREADS, BK, E::BYTES);
         Self {
             op,
             slots,
@@ -207,9 +187,10 @@ impl<
         let per = E::PER_CHUNK;
         let op = &self.op;
         let tile = kt as u64 * self.slots.tile_step;
+        let row_chunks = if K_MAJOR { BK } else { ROWS } / per;
         unrolled!(i in SLOTS => {
             let id = thread_idx_x() + i as u32 * THREADS;
-            let (r, c) = (id / Self::ROW_CHUNKS, id % Self::ROW_CHUNKS);
+            let (r, c) = (id / row_chunks, id % row_chunks);
             let (src, mn, k) = self.slots.slot(i as u32, kt, BK, tile);
             // Elements of this chunk inside the operand (the chunk runs along K or MN).
             let valid = if mn >= op.rows || k >= op.k {
@@ -220,7 +201,7 @@ impl<
                 (op.rows - mn).min(per)
             };
             let src = if valid > 0 { src } else { op.base };
-            cp_async_16(dst + swizzled(r, c, Self::ROW_CHUNKS), src, valid * E::BYTES);
+            cp_async_16(dst + swizzled(r, c, row_chunks), src, valid * E::BYTES);
         });
     }
 }
