@@ -24,11 +24,14 @@
 
 mod common;
 
+use common::cudnn::{
+    copy_bandwidth, cudnn_check, cudnn_sys, gb_per_s, version_string, ActDesc, Cudnn, OpDesc,
+    ReduceDesc, TensorDesc,
+};
 use common::{
     copy_async, dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async,
     random_bytes, Args, Check, Context, Res, Timer,
 };
-use cudarc::cudnn::sys as cudnn_sys;
 use cudarc::driver::CudaStream;
 use oxidnn::{
     activation_backward, activation_forward, add_tensor, op_tensor, reduce_tensor,
@@ -49,8 +52,6 @@ const RUNS: usize = 30;
 const MAX_SIDES: usize = 2;
 /// Buffer sets of one shape together span at least this much (and 4x the L2).
 const ROTATION_MIN_BYTES: usize = 200 << 20;
-/// Size of the copy that sets the bandwidth reference.
-const COPY_BYTES: usize = 1 << 30;
 /// Inputs are uniform in `[-INPUT_RANGE, INPUT_RANGE]`, never closer to 0 than
 /// `INPUT_MIN_MAGNITUDE`.
 const INPUT_RANGE: f32 = 2.0;
@@ -453,181 +454,9 @@ fn tolerance(dtype: DataType) -> f64 {
 // Timing
 // ---------------------------------------------------------------------------------------
 
-fn gb_per_s(bytes: u64, us: f64) -> f64 {
-    bytes as f64 / (us * 1e-6) / 1e9
-}
-
-/// Device-to-device copy bandwidth (GB/s, read + write bytes) of a 1 GiB copy.
-fn copy_bandwidth(h: &Handle, timer: &Timer) -> Res<f64> {
-    let src = h
-        .alloc_bytes(COPY_BYTES)
-        .context("allocating the copy source")?;
-    let mut dst = h
-        .alloc_bytes(COPY_BYTES)
-        .context("allocating the copy destination")?;
-    let m = timer.measure(1, WARMUP, RUNS, |_, _| {
-        copy_async(&timer.stream, &mut dst, &src, COPY_BYTES)
-    })?;
-    Ok(gb_per_s(2 * COPY_BYTES as u64, m.median_us[0]))
-}
-
 // ---------------------------------------------------------------------------------------
 // cuDNN
 // ---------------------------------------------------------------------------------------
-
-fn cudnn_check(status: cudnn_sys::cudnnStatus_t, call: &str) -> Res<()> {
-    if status == cudnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{call}: {status:?}"))
-    }
-}
-
-/// An owned cuDNN object: made by `create`, destroyed once on drop.
-macro_rules! cudnn_object {
-    ($name:ident, $raw:ty, $create:ident, $destroy:ident) => {
-        struct $name($raw);
-
-        impl $name {
-            fn create() -> Res<Self> {
-                let mut raw: $raw = std::ptr::null_mut();
-                // SAFETY: `raw` is a valid out-pointer; on success it holds a new object
-                // that only this wrapper destroys.
-                cudnn_check(unsafe { cudnn_sys::$create(&mut raw) }, stringify!($create))?;
-                Ok(Self(raw))
-            }
-        }
-
-        impl Drop for $name {
-            fn drop(&mut self) {
-                // SAFETY: made by `create`, destroyed only here. A failure cannot be reported.
-                let _ = unsafe { cudnn_sys::$destroy(self.0) };
-            }
-        }
-    };
-}
-
-cudnn_object!(
-    CudnnHandle,
-    cudnn_sys::cudnnHandle_t,
-    cudnnCreate,
-    cudnnDestroy
-);
-cudnn_object!(
-    TensorDesc,
-    cudnn_sys::cudnnTensorDescriptor_t,
-    cudnnCreateTensorDescriptor,
-    cudnnDestroyTensorDescriptor
-);
-cudnn_object!(
-    ActDesc,
-    cudnn_sys::cudnnActivationDescriptor_t,
-    cudnnCreateActivationDescriptor,
-    cudnnDestroyActivationDescriptor
-);
-cudnn_object!(
-    OpDesc,
-    cudnn_sys::cudnnOpTensorDescriptor_t,
-    cudnnCreateOpTensorDescriptor,
-    cudnnDestroyOpTensorDescriptor
-);
-cudnn_object!(
-    ReduceDesc,
-    cudnn_sys::cudnnReduceTensorDescriptor_t,
-    cudnnCreateReduceTensorDescriptor,
-    cudnnDestroyReduceTensorDescriptor
-);
-
-/// A cuDNN handle issuing on the oxidnn handle's stream.
-struct Cudnn {
-    handle: CudnnHandle,
-    version: usize,
-    cudart_version: usize,
-}
-
-impl Cudnn {
-    /// Loads libcudnn and makes a handle on `stream`, or says why not.
-    fn open(stream: &CudaStream) -> Res<Self> {
-        // SAFETY: only tries to load the library.
-        if !unsafe { cudnn_sys::is_culib_present() } {
-            return Err(
-                "libcudnn could not be loaded (not installed, or not on the library path)".into(),
-            );
-        }
-        // A library missing a symbol the bindings expect panics at first use: report it.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Self::open_loaded(stream)))
-            .unwrap_or_else(|_| Err("libcudnn lacks a function these bindings need".into()))
-    }
-
-    fn open_loaded(stream: &CudaStream) -> Res<Self> {
-        let version = cudarc::cudnn::result::get_version();
-        if version < 90000 {
-            // The bindings use cuDNN 9's status codes and enums.
-            return Err(format!(
-                "found cuDNN {}, this bench needs cuDNN 9 or newer",
-                version_string(version)
-            ));
-        }
-        let cudart_version = cudarc::cudnn::result::get_cudart_version();
-        let handle = CudnnHandle::create()?;
-        // SAFETY: the handle is live; the stream is a live stream of the current context
-        // (the same context cuDNN's runtime uses: the device's primary context).
-        cudnn_check(
-            unsafe { cudnn_sys::cudnnSetStream(handle.0, stream.cu_stream().cast()) },
-            "cudnnSetStream",
-        )?;
-        Ok(Self {
-            handle,
-            version,
-            cudart_version,
-        })
-    }
-}
-
-/// cuDNN 9 encodes major * 10000 + minor * 100 + patch; older versions major * 1000 + ...
-fn version_string(v: usize) -> String {
-    if v >= 90000 {
-        format!("{}.{}.{}", v / 10000, v % 10000 / 100, v % 100)
-    } else {
-        format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
-    }
-}
-
-fn cudnn_dtype(d: DataType) -> cudnn_sys::cudnnDataType_t {
-    use cudnn_sys::cudnnDataType_t as T;
-    match d {
-        DataType::F32 => T::CUDNN_DATA_FLOAT,
-        DataType::F16 => T::CUDNN_DATA_HALF,
-        DataType::BF16 => T::CUDNN_DATA_BFLOAT16,
-        DataType::F64 => T::CUDNN_DATA_DOUBLE,
-    }
-}
-
-impl TensorDesc {
-    fn new(d: &TensorDescriptor) -> Res<Self> {
-        let to_i32 = |v: &[usize]| -> Res<Vec<i32>> {
-            v.iter()
-                .map(|&x| {
-                    i32::try_from(x).map_err(|_| format!("{d:?} does not fit cuDNN's int dims"))
-                })
-                .collect()
-        };
-        let (dims, strides) = (to_i32(d.dims())?, to_i32(d.strides())?);
-        let desc = Self::create()?;
-        // SAFETY: `desc` is live; `dims` and `strides` hold `rank` values each and outlive the call.
-        let status = unsafe {
-            cudnn_sys::cudnnSetTensorNdDescriptor(
-                desc.0,
-                cudnn_dtype(d.dtype()),
-                dims.len() as i32,
-                dims.as_ptr(),
-                strides.as_ptr(),
-            )
-        };
-        cudnn_check(status, "cudnnSetTensorNdDescriptor")?;
-        Ok(desc)
-    }
-}
 
 /// cuDNN's descriptors of a [`Problem`].
 struct CudnnProblem {
@@ -1466,7 +1295,7 @@ fn run() -> Res<()> {
         copy_gbps: 0.0,
         rotation_bytes: ROTATION_MIN_BYTES.max(4 * l2),
     };
-    bench.copy_gbps = copy_bandwidth(&bench.handle, &bench.timer)?;
+    bench.copy_gbps = copy_bandwidth(&bench.handle, &bench.timer, WARMUP, RUNS)?;
     println!(
         "timing: CUDA events per call on the handle's stream; {WARMUP} warm-up + {RUNS} timed calls per library, median; \
          calls queued behind a stream gate (device time); oxidnn and cuDNN alternate; buffer sets rotate over >= {} MiB",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds, on any machine (no GPU needed), every test binary, the demo and the cuDNN and
-# cuBLAS (matmul) comparison benches into gpu-artifacts/ (git-ignored), next to run-all.sh,
+# Builds, on any machine (no GPU needed), every test binary, the demo and every vendor
+# comparison bench (`benches/*vs_*.rs`) into gpu-artifacts/ (git-ignored), next to run-all.sh,
 # which runs them all on a GPU machine:   bash gpu-artifacts/run-all.sh [output-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +30,10 @@ if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
     if [ "$kind" = bench ]; then cp "$exe" "$out/$name"; fi
   done
 fi
-strip "$out"/tests/* "$out"/oxidnn-demo "$out"/vs_cudnn "$out"/matmul_vs_cublas 2>/dev/null || true
+benches=$(cd "$out" && ls | grep -E 'vs_' || true)
+strip "$out"/tests/* "$out"/oxidnn-demo $(for b in $benches; do echo "$out/$b"; done) 2>/dev/null || true
 # The embedded PTX makes each binary ~10 MB; compressed, all of them travel in a few MB.
-benches=$(cd "$out" && for b in vs_cudnn matmul_vs_cublas; do [ -f "$b" ] && echo "$b"; done; true)
-(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches && rm -rf tests oxidnn-demo vs_cudnn matmul_vs_cublas)
+(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches && rm -rf tests oxidnn-demo $benches)
 cp scripts/run-all.sh "$out/run-all.sh"
 du -sh "$out"
 tar -tJf "$out/bundle.tar.xz"

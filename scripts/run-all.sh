@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Runs every oxidnn test binary, the demo and the cuDNN and cuBLAS (matmul) comparison
-# benches on a GPU machine.
+# Runs every oxidnn test binary, the demo and every vendor comparison bench on a GPU
+# machine.
 # Made by scripts/build-gpu-artifacts.sh; usage: bash gpu-artifacts/run-all.sh [log-dir]
-# Set OXIDNN_SKIP_BENCH=1 to run the tests only; OXIDNN_BENCH_ONLY=cudnn or =matmul to run
-# only that one of the two benches.
+# Set OXIDNN_SKIP_BENCH=1 to run the tests only.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 logs="${1:-$here/logs}"
@@ -31,11 +30,16 @@ for t in "$here"/tests/*; do
 done
 echo "ALL TESTS: $passed passed, $failed failed"
 "$here/oxidnn-demo" 2>&1 | tee "$logs/demo.log"
+# Each comparison bench writes <name>.csv and <name>.log; OXIDNN_BENCH_ONLY=NAME runs only
+# the benches whose name contains NAME (e.g. matmul, vs_cudnn, pooling).
 only="${OXIDNN_BENCH_ONLY:-}"
-if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ "$only" != matmul ] && [ -x "$here/vs_cudnn" ]; then
-  OXIDNN_BENCH_CSV="$logs/bench.csv" "$here/vs_cudnn" 2>&1 | tee "$logs/bench.log" | tail -80
-fi
-if [ -z "${OXIDNN_SKIP_BENCH:-}" ] && [ "$only" != cudnn ] && [ -x "$here/matmul_vs_cublas" ]; then
-  OXIDNN_BENCH_CSV="$logs/matmul.csv" "$here/matmul_vs_cublas" 2>&1 | tee "$logs/matmul.log" | tail -60
+if [ -z "${OXIDNN_SKIP_BENCH:-}" ]; then
+  for b in "$here"/*vs_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    case "$name" in *"$only"*) ;; *) continue ;; esac
+    echo "=== bench $name"
+    OXIDNN_BENCH_CSV="$logs/$name.csv" "$b" 2>&1 | tee "$logs/$name.log" | tail -80
+  done
 fi
 exit $status

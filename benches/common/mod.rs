@@ -2,6 +2,9 @@
 //! and CUDA-event timing. Each bench is its own crate (`mod common;`) and uses a subset.
 #![allow(dead_code)]
 
+#[cfg(feature = "cudnn-bench")]
+pub mod cudnn;
+
 use cudarc::driver::{sys as cu_sys, CudaEvent, CudaStream};
 use oxidnn::{Buffer, DataType, Handle};
 use std::ffi::c_void;
