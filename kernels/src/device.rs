@@ -543,6 +543,27 @@ pub fn sqrt(x: f32) -> f32 {
     out
 }
 
+/// Correctly rounded square root in double precision.
+#[inline(always)]
+pub fn sqrt_f64(x: f64) -> f64 {
+    let out: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("sqrt.rn.f64 {o}, {x};", o = out(reg64) out, x = in(reg64) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `__shfl_xor_sync` on an f64 (two 32-bit exchanges); the full warp must be converged.
+#[inline(always)]
+pub fn shfl_xor_f64(v: f64, lane_mask: u32) -> f64 {
+    let bits = v.to_bits();
+    let lo = shfl_xor_u32(bits as u32, lane_mask) as u64;
+    let hi = shfl_xor_u32((bits >> 32) as u32, lane_mask) as u64;
+    f64::from_bits(hi << 32 | lo)
+}
+
 /// Fused multiply-add `a * b + c`, rounded once.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod math;
 
 pub mod activation;
+pub mod batch_norm;
 pub mod matmul;
 pub mod reduce;
 pub mod tensor_ops;

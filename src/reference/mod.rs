@@ -3,6 +3,7 @@
 //! against it.
 
 pub mod activation;
+pub mod batch_norm;
 pub mod matmul;
 pub mod reduce;
 pub mod tensor_ops;
