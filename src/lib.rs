@@ -48,8 +48,8 @@ pub use ops::activation::{
 pub use ops::batch_norm::{
     batch_norm_backward, batch_norm_backward_workspace_size, batch_norm_forward_inference,
     batch_norm_forward_training, batch_norm_forward_training_workspace_size,
-    derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps,
-    EstimatedStats, RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
+    derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
+    RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
 };
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,

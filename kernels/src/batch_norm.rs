@@ -27,9 +27,9 @@
 
 use crate::activation::{blend, forward as activation};
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, lane_id,
-    shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id, SharedF32,
-    Vec16,
+    self, block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x,
+    lane_id, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id,
+    SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
@@ -213,6 +213,34 @@ unsafe fn store<T: Element, const KV: usize>(p: *mut T, off: u64, v: [f32; KV]) 
         T::store(p, v[0]);
     } else {
         T::store_vec::<KV>(p, v);
+    }
+}
+
+/// [`load_raw`] of read-only data read for the last time: a streaming (evict-first) load
+/// for vectors, so the apply pass does not push out of L2 the data the stats pass left
+/// there that it has yet to re-read.
+///
+/// # Safety
+/// As [`load_raw`], read-only.
+#[inline(always)]
+unsafe fn load_last<T: Element, const KV: usize>(p: *const T, off: u64) -> Vec16 {
+    if KV == 1 {
+        load_raw::<T, KV>(p, off, true)
+    } else {
+        device::ld_global_nc_cs_v4(p.add(off as usize) as *const u32)
+    }
+}
+
+/// [`store`] of a final result: a streaming (evict-first) store for vectors.
+///
+/// # Safety
+/// As [`store`].
+#[inline(always)]
+unsafe fn store_last<T: Element, const KV: usize>(p: *mut T, off: u64, v: [f32; KV]) {
+    if KV == 1 {
+        store::<T, KV>(p, off, v)
+    } else {
+        device::st_global_cs_v4(p.add(off as usize) as *mut u32, T::pack::<KV>(v))
     }
 }
 
@@ -472,44 +500,60 @@ unsafe fn fwd_stats_cols<T: Element, const KV: usize>(
 /// saved by the forward pass.
 #[inline(always)]
 unsafe fn saved_mean(
-    flags: u32,
+    p: &BatchNormStatsParams,
     f: u32,
-    param_off: u64,
     coef: *const BatchNormCoef,
     saved: *const f32,
 ) -> f32 {
-    if flags & bn_flags::STATS_IN_WORKSPACE != 0 {
+    if p.flags & bn_flags::STATS_IN_WORKSPACE != 0 {
         (*coef.add(f as usize)).0[0]
     } else {
-        *saved.add(param_off as usize)
+        *saved.add(p.geo.feat.offsets(f)[PARAM] as usize)
+    }
+}
+
+/// With [`bn_flags::WRITE_GRAD`], stores the masked gradient `g` of one vector as `dz`.
+///
+/// # Safety
+/// `dz + off` holds the vector (checked by the host when the flag is set).
+#[inline(always)]
+unsafe fn write_grad<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    dz: *mut T,
+    off: u64,
+    g: [f32; KV],
+) {
+    if p.flags & bn_flags::WRITE_GRAD != 0 {
+        store::<T, KV>(dz, off, g);
     }
 }
 
 /// Raw words of the backward inputs of one vector: `x`, `dy`, and `y` (behind a relu).
 type BwdLoad = [Vec16; 3];
 
-/// Loads [`BwdLoad`] at the offsets `o` (slots `X`, `Y`, `Z_OR_DY`).
+/// Loads [`BwdLoad`] at the offsets `o` (slots `X`, `Y`, `Z_OR_DY`); `last`: streaming
+/// loads (the apply pass reads them for the last time).
 ///
 /// # Safety
 /// As [`load_raw`] for each operand (`y` only with `relu`).
 #[inline(always)]
 unsafe fn load_bwd<T: Element, const KV: usize>(
     relu: bool,
+    last: bool,
     x: *const T,
     y: *const T,
     dy: *const T,
     o: [u64; 6],
 ) -> BwdLoad {
-    let yv = if relu {
-        load_raw::<T, KV>(y, o[Y], true)
-    } else {
-        [0; 4]
+    let one = |p: *const T, off: u64| {
+        if last {
+            load_last::<T, KV>(p, off)
+        } else {
+            load_raw::<T, KV>(p, off, true)
+        }
     };
-    [
-        load_raw::<T, KV>(x, o[X], true),
-        load_raw::<T, KV>(dy, o[Z_OR_DY], true),
-        yv,
-    ]
+    let yv = if relu { one(y, o[Y]) } else { [0; 4] };
+    [one(x, o[X]), one(dy, o[Z_OR_DY]), yv]
 }
 
 /// `(g, x)` of one [`BwdLoad`]: the masked gradient and the input.
@@ -536,6 +580,7 @@ unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
     x: *const T,
     y: *const T,
     dy: *const T,
+    dz: *mut T,
     coef: *const BatchNormCoef,
     saved: *const f32,
     partials: *mut BatchNormPartial,
@@ -544,11 +589,14 @@ unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
     let relu = p.flags & bn_flags::RELU != 0;
     let w = rows_work(g, block_idx_x());
     let base = g.feat.offsets(w.f0);
-    let mean = saved_mean(p.flags, w.f0, base[PARAM], coef, saved);
+    let mean = saved_mean(p, w.f0, coef, saved);
+    let at = #[inline(always)]
+    |j: u32| plus(base, g.red.offsets(j * KV as u32));
     let mut acc = Acc::<1>::EMPTY;
     let add = #[inline(always)]
-    |acc: &mut Acc<1>, v: BwdLoad| {
+    |acc: &mut Acc<1>, j: u32, v: BwdLoad| {
         let (gr, xv) = grads::<T, KV>(relu, v);
+        write_grad::<T, KV>(p, dz, at(j)[DZ], gr);
         let (mut s, mut sx) = (0.0f32, 0.0f32);
         for e in 0..KV {
             s += gr[e];
@@ -560,13 +608,13 @@ unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
         w.range(),
         &mut acc,
         #[inline(always)]
-        |j| load_bwd::<T, KV>(relu, x, y, dy, plus(base, g.red.offsets(j * KV as u32))),
+        |j| load_bwd::<T, KV>(relu, false, x, y, dy, at(j)),
         #[inline(always)]
-        |acc, _, v| {
-            crate::unrolled!(u in BWD_UNROLL => add(acc, v[u]));
+        |acc, j, v| {
+            crate::unrolled!(u in BWD_UNROLL => add(acc, j + u as u32 * w.step, v[u]));
         },
         #[inline(always)]
-        |acc, _, v| add(acc, v),
+        |acc, j, v| add(acc, j, v),
     );
     let scratch = crate::shared_array!(Acc<1>, 384);
     let total = block_reduce(acc, scratch, Acc::EMPTY, merge_sums, Acc::shfl);
@@ -583,6 +631,7 @@ unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
     x: *const T,
     y: *const T,
     dy: *const T,
+    dz: *mut T,
     coef: *const BatchNormCoef,
     saved: *const f32,
     partials: *mut BatchNormPartial,
@@ -593,13 +642,13 @@ unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
     let mut acc = Acc::<KV>::EMPTY;
     if w.active {
         let base = g.feat.offsets(w.f0);
-        let mean: [f32; KV] = core::array::from_fn(|e| {
-            let f = w.f0 + e as u32;
-            saved_mean(p.flags, f, g.feat.offsets(f)[PARAM], coef, saved)
-        });
+        let mean: [f32; KV] = core::array::from_fn(|e| saved_mean(p, w.f0 + e as u32, coef, saved));
+        let at = #[inline(always)]
+        |r: u32| plus(base, g.red.offsets(r));
         let add = #[inline(always)]
-        |acc: &mut Acc<KV>, v: BwdLoad| {
+        |acc: &mut Acc<KV>, r: u32, v: BwdLoad| {
             let (gr, xv) = grads::<T, KV>(relu, v);
+            write_grad::<T, KV>(p, dz, at(r)[DZ], gr);
             let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
             acc.add_grads(1.0, gr, gx);
         };
@@ -607,13 +656,13 @@ unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
             w.range(),
             &mut acc,
             #[inline(always)]
-            |r| load_bwd::<T, KV>(relu, x, y, dy, plus(base, g.red.offsets(r))),
+            |r| load_bwd::<T, KV>(relu, false, x, y, dy, at(r)),
             #[inline(always)]
-            |acc, _, v| {
-                crate::unrolled!(u in BWD_UNROLL => add(acc, v[u]));
+            |acc, r, v| {
+                crate::unrolled!(u in BWD_UNROLL => add(acc, r + u as u32 * w.step, v[u]));
             },
             #[inline(always)]
-            |acc, _, v| add(acc, v),
+            |acc, r, v| add(acc, r, v),
         );
     }
     let total = cols_reduce(g, acc, merge_sums);
@@ -811,7 +860,6 @@ unsafe fn bwd_finalize(
 unsafe fn fwd_coef(
     p: &BatchNormApplyParams,
     f: u32,
-    param_off: u64,
     coef: *const BatchNormCoef,
     scale: *const f32,
     bias: *const f32,
@@ -819,7 +867,7 @@ unsafe fn fwd_coef(
     var: *const f32,
 ) -> [f32; 3] {
     if p.flags & bn_flags::COEF_FROM_PARAMS != 0 {
-        let po = param_off as usize;
+        let po = p.geo.feat.offsets(f)[PARAM] as usize;
         let inv_std = 1.0 / sqrt(*var.add(po) + p.epsilon);
         [*mean.add(po), *scale.add(po) * inv_std, *bias.add(po)]
     } else {
@@ -869,7 +917,7 @@ unsafe fn fwd_one<T: Element, const KV: usize>(
         }
         out[e] = blend(p.alpha, v, p.beta, || old[e]);
     });
-    store::<T, KV>(io.y, o[Y], out);
+    store_last::<T, KV>(io.y, o[Y], out);
 }
 
 /// Loads [`FwdLoad`] at offsets `o`.
@@ -883,11 +931,11 @@ unsafe fn load_fwd<T: Element, const KV: usize>(
     o: [u64; 6],
 ) -> FwdLoad {
     let z = if p.flags & bn_flags::ADD != 0 {
-        load_raw::<T, KV>(io.z, o[Z_OR_DY], true)
+        load_last::<T, KV>(io.z, o[Z_OR_DY])
     } else {
         [0; 4]
     };
-    [load_raw::<T, KV>(io.x, o[X], true), z]
+    [load_last::<T, KV>(io.x, o[X]), z]
 }
 
 /// The forward apply pass over one thread's work: vector `i` at `base + red(i * mul)`.
@@ -933,7 +981,7 @@ unsafe fn fwd_apply_rows<T: Element, const KV: usize>(
     let g = &p.geo;
     let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
     let base = g.feat.offsets(w.f0);
-    let c = [fwd_coef(p, w.f0, base[PARAM], coef, scale, bias, mean, var); KV];
+    let c = [fwd_coef(p, w.f0, coef, scale, bias, mean, var); KV];
     fwd_apply::<T, KV>(p, io, &w, base, KV as u32, &c);
 }
 
@@ -953,10 +1001,8 @@ unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
     if !w.active {
         return;
     }
-    let c: [[f32; 3]; KV] = core::array::from_fn(|e| {
-        let f = w.f0 + e as u32;
-        fwd_coef(p, f, g.feat.offsets(f)[PARAM], coef, scale, bias, mean, var)
-    });
+    let c: [[f32; 3]; KV] =
+        core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var));
     fwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), 1, &c);
 }
 
@@ -996,7 +1042,7 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
         let d = c1 * grad[e] + c2 * (xv[e] - mean) + c3;
         out[e] = blend(p.alpha, d, p.beta, || old[e]);
     });
-    store::<T, KV>(io.dx, o[DX], out);
+    store_last::<T, KV>(io.dx, o[DX], out);
     if p.flags & bn_flags::ADD != 0 {
         let old = if read_old {
             load::<T, KV>(io.dz, o[DZ], false)
@@ -1004,7 +1050,7 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
             [0.0; KV]
         };
         crate::unrolled!(e in KV => out[e] = blend(p.alpha, grad[e], p.beta, || old[e]));
-        store::<T, KV>(io.dz, o[DZ], out);
+        store_last::<T, KV>(io.dz, o[DZ], out);
     }
 }
 
@@ -1026,7 +1072,7 @@ unsafe fn bwd_apply<T: Element, const KV: usize>(
         w.range(),
         &mut (),
         #[inline(always)]
-        |i| load_bwd::<T, KV>(relu, io.x, io.y, io.dy, at(i)),
+        |i| load_bwd::<T, KV>(relu, true, io.x, io.y, io.dy, at(i)),
         #[inline(always)]
         |_, i, v| {
             crate::unrolled!(u in BWD_UNROLL => {
@@ -1105,16 +1151,17 @@ macro_rules! batch_norm_entry_points {
             }
 
             /// # Safety
-            /// `x`, `y` (with `RELU`), `dy` cover their tensors; `coef` (with
-            /// `STATS_IN_WORKSPACE`) holds `features` coefficients, else `saved_mean`
-            /// covers the per-feature tensor; `partials` as for the forward kernels.
+            /// `x`, `y` (with `RELU`), `dy`, `dz` (with `WRITE_GRAD`) cover their tensors;
+            /// `coef` (with `STATS_IN_WORKSPACE`) holds `features` coefficients, else
+            /// `saved_mean` covers the per-feature tensor; `partials` as for the forward
+            /// kernels.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_stats_rows_ $dt>](
                 p: BatchNormStatsParams, x: *const $T, y: *const $T, dy: *const $T,
-                coef: *const BatchNormCoef, saved_mean: *const f32,
+                dz: *mut $T, coef: *const BatchNormCoef, saved_mean: *const f32,
                 partials: *mut BatchNormPartial,
             ) {
-                by_width!($T, p.geo.vector, bwd_stats_rows(&p, x, y, dy, coef, saved_mean, partials))
+                by_width!($T, p.geo.vector, bwd_stats_rows(&p, x, y, dy, dz, coef, saved_mean, partials))
             }
 
             /// # Safety
@@ -1123,10 +1170,10 @@ macro_rules! batch_norm_entry_points {
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_stats_cols_ $dt>](
                 p: BatchNormStatsParams, x: *const $T, y: *const $T, dy: *const $T,
-                coef: *const BatchNormCoef, saved_mean: *const f32,
+                dz: *mut $T, coef: *const BatchNormCoef, saved_mean: *const f32,
                 partials: *mut BatchNormPartial,
             ) {
-                by_width!($T, p.geo.vector, bwd_stats_cols(&p, x, y, dy, coef, saved_mean, partials))
+                by_width!($T, p.geo.vector, bwd_stats_cols(&p, x, y, dy, dz, coef, saved_mean, partials))
             }
 
             /// # Safety

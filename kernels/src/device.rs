@@ -356,6 +356,37 @@ pub unsafe fn ld_global_v4(p: *const u32) -> Vec16 {
     [a, b, c, d]
 }
 
+/// A 16-byte read-only load marked streaming (`.cs`: evict first from L1 and L2), for data
+/// read for the last time, so it does not push out data that will be read again.
+///
+/// # Safety
+/// As [`ld_global_nc_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_nc_cs_v4(p: *const u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.cs.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// A 16-byte store marked streaming (`.cs`: evict first), for results not read again soon.
+///
+/// # Safety
+/// As [`st_global_v4`].
+#[inline(always)]
+pub unsafe fn st_global_cs_v4(p: *mut u32, v: Vec16) {
+    asm!(
+        "st.global.cs.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+        p = in(reg64) p,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack, preserves_flags),
+    );
+}
+
 /// An 8-byte load through the read-only (non-coherent) path.
 ///
 /// # Safety

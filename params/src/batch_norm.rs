@@ -63,6 +63,10 @@ pub mod bn_flags {
     pub const SAVED: u32 = 32;
     /// Forward finalize: the running statistics are overwritten, not read (factor 1).
     pub const RUNNING_OVERWRITE: u32 = 64;
+    /// Backward stats: also store the masked gradient `g` as `dz` (the fused add's
+    /// gradient with blend factors 1 and 0), so the apply pass reads `g` instead of `dy`
+    /// and `y`.
+    pub const WRITE_GRAD: u32 = 128;
 }
 
 /// How the elements of a batch-norm problem are laid out and split over blocks.

@@ -13,8 +13,8 @@ mod matmul;
 
 pub use batch_norm::{
     bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS,
-    BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;

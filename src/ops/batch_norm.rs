@@ -56,6 +56,8 @@ use oxidnn_params::{
     BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES,
     BN_FINALIZE_THREADS_PER_FEATURE,
 };
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// The smallest epsilon cuDNN 9 accepts (`CUDNN_BN_MIN_EPSILON`, `cudnn_ops.h`: 0.0).
 pub const BN_MIN_EPSILON: f64 = 0.0;
@@ -100,7 +102,9 @@ impl BatchNormDescriptor {
         if !epsilon.is_finite() || epsilon < BN_MIN_EPSILON {
             return Err(Error::bad(
                 "epsilon",
-                format!("must be finite and >= CUDNN_BN_MIN_EPSILON ({BN_MIN_EPSILON}), got {epsilon}"),
+                format!(
+                    "must be finite and >= CUDNN_BN_MIN_EPSILON ({BN_MIN_EPSILON}), got {epsilon}"
+                ),
             ));
         }
         Ok(Self {
@@ -337,11 +341,15 @@ fn check_param_buffers(
 
 /// How the GPU kernels walk a problem.
 struct Plan {
+    /// The stats kernels' geometry (its chunks are the partials' chunks).
     geo: BatchNormGeometry,
+    /// The apply kernels' geometry: the same but for its chunks.
+    apply_geo: BatchNormGeometry,
     /// Cols mapping (features contiguous) or rows mapping (reduction contiguous).
     cols: bool,
-    /// Stats and apply blocks.
+    /// Blocks of the stats and of the apply kernels.
     blocks: u32,
+    apply_blocks: u32,
 }
 
 /// Logical dims of `x` that index features and that are reduced.
@@ -378,26 +386,105 @@ fn tile_vectors(vectors: usize) -> u32 {
     vectors.next_power_of_two().clamp(1, 32) as u32
 }
 
-/// Chunks each feature's reduction is split into (an upper bound: the plan's actual count
-/// is never larger, whatever vector width it ends up with). Enough blocks to fill the GPU
-/// (8 blocks of `BN_BLOCK_THREADS` per SM), while every thread keeps several loads in
-/// flight.
-fn max_chunks(mode: BatchNormMode, x_desc: &TensorDescriptor, sm_count: u32) -> usize {
-    let target = 8 * sm_count.max(1) as usize;
+/// Launch-shape settings: `[rows waves, rows vectors per thread, cols waves, cols rows per
+/// thread]`. Each can be overridden for tuning experiments through the environment
+/// (`OXIDNN_BN_ROWS_WAVES`, `OXIDNN_BN_ROWS_VECTORS_PER_THREAD`, `OXIDNN_BN_COLS_WAVES`,
+/// `OXIDNN_BN_COLS_ROWS_PER_THREAD`), read once per process.
+fn tuning() -> [usize; 4] {
+    static TUNING: OnceLock<[usize; 4]> = OnceLock::new();
+    *TUNING.get_or_init(|| {
+        let knob = |name: &str, default: usize| {
+            std::env::var(format!("OXIDNN_BN_{name}"))
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .unwrap_or(default)
+        };
+        [
+            knob("ROWS_WAVES", 4),
+            knob("ROWS_VECTORS_PER_THREAD", 4),
+            knob("COLS_WAVES", 1),
+            knob("COLS_ROWS_PER_THREAD", 16),
+        ]
+    })
+}
+
+/// The GPU a problem runs on: SMs, and how many blocks of its stats and of its apply
+/// kernel each SM runs at once.
+#[derive(Clone, Copy, Debug)]
+struct Occupancy {
+    sms: usize,
+    stats: usize,
+    apply: usize,
+}
+
+impl Occupancy {
+    /// For the kernels of `x_desc`'s mapping in one direction (cached per device and
+    /// kernel).
+    fn of(
+        gpu: &Gpu,
+        mode: BatchNormMode,
+        x_desc: &TensorDescriptor,
+        forward: bool,
+    ) -> Result<Self> {
+        let cols = use_cols(mode, x_desc);
+        let dtype = x_desc.dtype();
+        let stats = stats_kernel(cols, dtype, forward)?;
+        let apply = apply_kernel(cols, dtype, forward)?;
+        let stats_smem = if cols { BN_COLS_SHARED_BYTES } else { 0 };
+        Ok(Self {
+            sms: gpu.sm_count.max(1) as usize,
+            stats: resident(gpu, stats, stats_smem)?,
+            apply: resident(gpu, apply, 0)?,
+        })
+    }
+}
+
+/// Blocks of `kernel` one SM of `gpu` runs at once.
+fn resident(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<usize> {
+    type Cache = Mutex<HashMap<(String, &'static str), usize>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (gpu.name.clone(), kernel);
+    if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(n);
+    }
+    let n = gpu.resident_blocks(kernel, BN_BLOCK_THREADS, shared_bytes)? as usize;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, n);
+    Ok(n)
+}
+
+/// Chunks to split each feature's reduction into for a kernel of which `resident` blocks
+/// fit on an SM. Rows mapping: several waves of short blocks (one feature each, little
+/// setup), so the last wave's tail is small. Cols mapping: about one full wave of long
+/// blocks, since each thread first loads the coefficients of its features. Either way
+/// every thread keeps a few groups of loads in flight. The count does not depend on the
+/// vector width the plan ends up with (it assumes full vectors), so the workspace size
+/// depends on `x_desc` alone.
+fn chunks_for(
+    mode: BatchNormMode,
+    x_desc: &TensorDescriptor,
+    sms: usize,
+    resident: usize,
+) -> usize {
+    let [rows_waves, rows_vpt, cols_waves, cols_rpt] = tuning();
     let (f, m) = (
         x_desc.element_count() / reduction_len(mode, x_desc),
         reduction_len(mode, x_desc),
     );
     let k = vector_elements(x_desc.dtype());
     let threads = BN_BLOCK_THREADS as usize;
-    let (units, min_per_chunk) = if use_cols(mode, x_desc) {
-        let tiles = f.div_ceil(k).div_ceil(tile_vectors(f.div_ceil(k)) as usize);
-        let rows_per_step = threads / tile_vectors(f.div_ceil(k)) as usize;
-        (tiles, rows_per_step * 8)
+    let (waves, units, min_per_chunk) = if use_cols(mode, x_desc) {
+        let tv = tile_vectors(f.div_ceil(k)) as usize;
+        let tiles = f.div_ceil(k).div_ceil(tv);
+        (cols_waves, tiles, threads / tv * cols_rpt)
     } else {
-        (f, threads * 4 * k)
+        (rows_waves, f, threads * rows_vpt * k)
     };
-    target
+    (waves * sms * resident)
         .div_ceil(units)
         .min((m / min_per_chunk).max(1))
         .clamp(1, 65_535)
@@ -415,11 +502,12 @@ struct WorkspaceLayout {
 fn workspace_layout(
     mode: BatchNormMode,
     x_desc: &TensorDescriptor,
-    sm_count: u32,
+    occ: Occupancy,
     backward: bool,
 ) -> WorkspaceLayout {
     let f = x_desc.element_count() / reduction_len(mode, x_desc);
-    let partials = max_chunks(mode, x_desc, sm_count) * f * size_of::<BatchNormPartial>();
+    let chunks = chunks_for(mode, x_desc, occ.sms, occ.stats);
+    let partials = chunks * f * size_of::<BatchNormPartial>();
     let coef_bytes = f * size_of::<BatchNormCoef>();
     WorkspaceLayout {
         partials: 0,
@@ -465,7 +553,7 @@ fn plan_problem(
     x_desc: &TensorDescriptor,
     p_desc: &TensorDescriptor,
     ops: &Operands<'_>,
-    sm_count: u32,
+    occ: Occupancy,
 ) -> Result<Plan> {
     let rank = x_desc.rank();
     let (feat_dims, red_dims) = split_dims(mode, rank);
@@ -510,7 +598,6 @@ fn plan_problem(
     } else {
         1
     };
-    let chunks = max_chunks(mode, x_desc, sm_count);
     let mut geo = BatchNormGeometry {
         features: features as u32,
         red_len: red_len as u32,
@@ -522,48 +609,82 @@ fn plan_problem(
         red: red.index_map()?,
         ..Default::default()
     };
-    let blocks = if cols {
+    if cols {
         let vectors = features / k;
         let tv = tile_vectors(vectors);
-        let chunk_len = red_len.div_ceil(chunks);
         geo.vectors = vectors as u32;
         geo.tile_vectors = tv;
         geo.tile_vectors_log2 = tv.trailing_zeros();
         geo.tiles = vectors.div_ceil(tv as usize) as u32;
-        geo.chunk_len = chunk_len as u32;
-        geo.chunks = red_len.div_ceil(chunk_len) as u32;
-        geo.tiles as u64 * geo.chunks as u64
     } else {
-        let vectors = red_len / k;
-        let chunk_len = vectors.div_ceil(chunks);
-        geo.vectors = vectors as u32;
-        geo.chunk_len = chunk_len as u32;
-        geo.chunks = vectors.div_ceil(chunk_len) as u32;
-        features as u64 * geo.chunks as u64
-    };
-    if blocks > i32::MAX as u64 {
-        return Err(Error::unsupported(format!(
-            "batch norm needing {blocks} blocks"
-        )));
+        geo.vectors = (red_len / k) as u32;
     }
+    // Rows: chunks of vectors of each feature; cols: chunks of rows of each tile.
+    let (units, groups) = if cols {
+        (red_len, geo.tiles as u64)
+    } else {
+        (geo.vectors as usize, features as u64)
+    };
+    let split = |chunks: usize| -> Result<(BatchNormGeometry, u32)> {
+        let chunk_len = units.div_ceil(chunks);
+        let mut g = geo;
+        g.chunk_len = chunk_len as u32;
+        g.chunks = units.div_ceil(chunk_len) as u32;
+        let blocks = groups * g.chunks as u64;
+        if blocks > i32::MAX as u64 {
+            return Err(Error::unsupported(format!(
+                "batch norm needing {blocks} blocks"
+            )));
+        }
+        Ok((g, blocks as u32))
+    };
+    let (geo, blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.stats))?;
+    let (apply_geo, apply_blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.apply))?;
     Ok(Plan {
         geo,
+        apply_geo,
         cols,
-        blocks: blocks as u32,
+        blocks,
+        apply_blocks,
     })
 }
 
+fn stats_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = match (forward, cols) {
+        (true, false) => kernels::batch_norm_fwd_stats_rows(dtype),
+        (true, true) => kernels::batch_norm_fwd_stats_cols(dtype),
+        (false, false) => kernels::batch_norm_bwd_stats_rows(dtype),
+        (false, true) => kernels::batch_norm_bwd_stats_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+fn apply_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = match (forward, cols) {
+        (true, false) => kernels::batch_norm_fwd_apply_rows(dtype),
+        (true, true) => kernels::batch_norm_fwd_apply_cols(dtype),
+        (false, false) => kernels::batch_norm_bwd_apply_rows(dtype),
+        (false, true) => kernels::batch_norm_bwd_apply_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
 impl Plan {
-    fn config(&self, stats: bool) -> LaunchConfig {
+    fn stats_config(&self) -> LaunchConfig {
         LaunchConfig {
             grid: self.blocks,
             grid_y: 1,
             block: BN_BLOCK_THREADS,
-            shared_bytes: if stats && self.cols {
-                BN_COLS_SHARED_BYTES
-            } else {
-                0
-            },
+            shared_bytes: if self.cols { BN_COLS_SHARED_BYTES } else { 0 },
+        }
+    }
+
+    fn apply_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: self.apply_blocks,
+            grid_y: 1,
+            block: BN_BLOCK_THREADS,
+            shared_bytes: 0,
         }
     }
 
@@ -586,23 +707,11 @@ impl Plan {
     }
 
     fn stats_kernel(&self, dtype: DataType, forward: bool) -> Result<&'static str> {
-        let k = match (forward, self.cols) {
-            (true, false) => kernels::batch_norm_fwd_stats_rows(dtype),
-            (true, true) => kernels::batch_norm_fwd_stats_cols(dtype),
-            (false, false) => kernels::batch_norm_bwd_stats_rows(dtype),
-            (false, true) => kernels::batch_norm_bwd_stats_cols(dtype),
-        };
-        k.ok_or_else(|| unsupported_dtype(dtype))
+        stats_kernel(self.cols, dtype, forward)
     }
 
     fn apply_kernel(&self, dtype: DataType, forward: bool) -> Result<&'static str> {
-        let k = match (forward, self.cols) {
-            (true, false) => kernels::batch_norm_fwd_apply_rows(dtype),
-            (true, true) => kernels::batch_norm_fwd_apply_cols(dtype),
-            (false, false) => kernels::batch_norm_bwd_apply_rows(dtype),
-            (false, true) => kernels::batch_norm_bwd_apply_cols(dtype),
-        };
-        k.ok_or_else(|| unsupported_dtype(dtype))
+        apply_kernel(self.cols, dtype, forward)
     }
 }
 
@@ -621,13 +730,6 @@ fn workspace_ptr(gpu: &Gpu, layout: &WorkspaceLayout, workspace: &mut Buffer) ->
     device_ptr_mut(gpu, workspace)
 }
 
-fn sm_count(handle: &Handle) -> Option<u32> {
-    match &handle.backend {
-        Backend::Gpu(gpu) => Some(gpu.sm_count),
-        Backend::Cpu => None,
-    }
-}
-
 /// Workspace bytes [`batch_norm_forward_training`] needs for data `x_desc`
 /// (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize). 0 on the CPU handle.
 pub fn batch_norm_forward_training_workspace_size(
@@ -636,9 +738,13 @@ pub fn batch_norm_forward_training_workspace_size(
     x_desc: &TensorDescriptor,
 ) -> Result<usize> {
     check_rank("x_desc", x_desc)?;
-    Ok(sm_count(handle).map_or(0, |sms| {
-        workspace_layout(bn.mode, x_desc, sms, false).total
-    }))
+    match &handle.backend {
+        Backend::Gpu(gpu) => {
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            Ok(workspace_layout(bn.mode, x_desc, occ, false).total)
+        }
+        Backend::Cpu => Ok(0),
+    }
 }
 
 /// Workspace bytes [`batch_norm_backward`] needs for data `x_desc`
@@ -649,9 +755,13 @@ pub fn batch_norm_backward_workspace_size(
     x_desc: &TensorDescriptor,
 ) -> Result<usize> {
     check_rank("x_desc", x_desc)?;
-    Ok(sm_count(handle).map_or(0, |sms| {
-        workspace_layout(bn.mode, x_desc, sms, true).total
-    }))
+    match &handle.backend {
+        Backend::Gpu(gpu) => {
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            Ok(workspace_layout(bn.mode, x_desc, occ, true).total)
+        }
+        Backend::Cpu => Ok(0),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -685,7 +795,12 @@ pub fn batch_norm_forward_training(
 ) -> Result<()> {
     check_rank("x_desc", x_desc)?;
     check_like_x("y_desc", x_desc, y_desc, true)?;
-    check_presence("z", bn.ops == BatchNormOps::BnAddActivation, &z, "BnAddActivation")?;
+    check_presence(
+        "z",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &z,
+        "BnAddActivation",
+    )?;
     if let Some((z_desc, _)) = z {
         check_like_x("z_desc", x_desc, z_desc, false)?;
     }
@@ -722,11 +837,15 @@ pub fn batch_norm_forward_training(
             let (st, bt) = (host_read(bn_desc, scale)?, host_read(bn_desc, bias)?);
             let mut run = running
                 .as_ref()
-                .map(|r| Ok::<_, Error>((host_read(bn_desc, r.mean)?, host_read(bn_desc, r.variance)?)))
+                .map(|r| {
+                    Ok::<_, Error>((host_read(bn_desc, r.mean)?, host_read(bn_desc, r.variance)?))
+                })
                 .transpose()?;
             let mut sav = saved
                 .as_ref()
-                .map(|s| Ok::<_, Error>((host_read(bn_desc, s.mean)?, host_read(bn_desc, s.inv_std)?)))
+                .map(|s| {
+                    Ok::<_, Error>((host_read(bn_desc, s.mean)?, host_read(bn_desc, s.inv_std)?))
+                })
                 .transpose()?;
             let factor = running.as_ref().map_or(0.0, |r| r.factor);
             reference::forward_training(
@@ -756,7 +875,8 @@ pub fn batch_norm_forward_training(
         }
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
-            let layout = workspace_layout(bn.mode, x_desc, gpu.sm_count, false);
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let layout = workspace_layout(bn.mode, x_desc, occ, false);
             let ws = workspace_ptr(gpu, &layout, workspace)?;
             let x_ptr = device_ptr(gpu, x)?;
             let z_ptr = z.map(|(_, b)| device_ptr(gpu, b)).transpose()?;
@@ -765,7 +885,7 @@ pub fn batch_norm_forward_training(
             operands[X] = Some((x_desc, x_ptr));
             operands[Y] = Some((y_desc, y_ptr));
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
-            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, gpu.sm_count)?;
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let (partials, coef) = (ws + layout.partials as u64, ws + layout.coef as u64);
             stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
             let mut flags = 0;
@@ -808,7 +928,7 @@ pub fn batch_norm_forward_training(
             unsafe {
                 gpu.launch(
                     kernel,
-                    plan.config(false),
+                    plan.apply_config(),
                     &ap,
                     &[x_ptr, z_ptr.unwrap_or(0), y_ptr, coef, 0, 0, 0, 0],
                 )
@@ -833,7 +953,7 @@ fn apply_params(
         flags |= bn_flags::RELU;
     }
     BatchNormApplyParams {
-        geo: plan.geo,
+        geo: plan.apply_geo,
         flags,
         alpha,
         beta,
@@ -850,7 +970,7 @@ fn stats_forward(gpu: &Gpu, plan: &Plan, dtype: DataType, x: u64, partials: u64)
     let kernel = plan.stats_kernel(dtype, true)?;
     // SAFETY: x holds its descriptor's span, which the geometry's offsets stay inside;
     // the partials region holds max_chunks * features >= chunks * features entries.
-    unsafe { gpu.launch(kernel, plan.config(true), &sp, &[x, partials]) }
+    unsafe { gpu.launch(kernel, plan.stats_config(), &sp, &[x, partials]) }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -879,7 +999,12 @@ pub fn batch_norm_forward_inference(
 ) -> Result<()> {
     check_rank("x_desc", x_desc)?;
     check_like_x("y_desc", x_desc, y_desc, true)?;
-    check_presence("z", bn.ops == BatchNormOps::BnAddActivation, &z, "BnAddActivation")?;
+    check_presence(
+        "z",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &z,
+        "BnAddActivation",
+    )?;
     if let Some((z_desc, _)) = z {
         check_like_x("z_desc", x_desc, z_desc, false)?;
     }
@@ -931,7 +1056,8 @@ pub fn batch_norm_forward_inference(
             operands[X] = Some((x_desc, x_ptr));
             operands[Y] = Some((y_desc, y_ptr));
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
-            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, gpu.sm_count)?;
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS);
             let kernel = plan.apply_kernel(dtype, true)?;
             let params = [scale, bias, estimated.mean, estimated.variance]
@@ -943,7 +1069,7 @@ pub fn batch_norm_forward_inference(
             unsafe {
                 gpu.launch(
                     kernel,
-                    plan.config(false),
+                    plan.apply_config(),
                     &ap,
                     &[
                         x_ptr,
@@ -1005,7 +1131,12 @@ pub fn batch_norm_backward(
     check_like_x("dy_desc", x_desc, dy_desc, false)?;
     check_like_x("dx_desc", x_desc, dx_desc, true)?;
     check_presence("y", bn.ops != BatchNormOps::Bn, &y, "a fused relu")?;
-    check_presence("dz", bn.ops == BatchNormOps::BnAddActivation, &dz, "BnAddActivation")?;
+    check_presence(
+        "dz",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &dz,
+        "BnAddActivation",
+    )?;
     if let Some((y_desc, _)) = y {
         check_like_x("y_desc", x_desc, y_desc, false)?;
     }
@@ -1081,7 +1212,8 @@ pub fn batch_norm_backward(
         }
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
-            let layout = workspace_layout(bn.mode, x_desc, gpu.sm_count, true);
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            let layout = workspace_layout(bn.mode, x_desc, occ, true);
             let ws = workspace_ptr(gpu, &layout, workspace)?;
             let x_ptr = device_ptr(gpu, x)?;
             let y_ptr = y.map(|(_, b)| device_ptr(gpu, b)).transpose()?;
@@ -1097,7 +1229,7 @@ pub fn batch_norm_backward(
             operands[Z_OR_DY] = Some((dy_desc, dy_ptr));
             operands[DX] = Some((dx_desc, dx_ptr));
             operands[DZ] = dz_desc.zip(dz_ptr);
-            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, gpu.sm_count)?;
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let partials = ws + layout.partials as u64;
             let (fwd_coef, bwd_coef) = (ws + layout.coef as u64, ws + layout.bwd_coef as u64);
             let scale_ptr = device_ptr(gpu, scale)?;
@@ -1126,24 +1258,35 @@ pub fn batch_norm_backward(
             if bn.ops != BatchNormOps::Bn {
                 flags |= bn_flags::RELU;
             }
+            // dz = g exactly (blend 1, 0): the stats pass stores it, and the apply pass
+            // reads g from dz (laid out as dy) instead of dy and y.
+            let grad_in_dz = alpha_data == 1.0
+                && beta_data == 0.0
+                && dz_desc.is_some_and(|d| d.strides() == dy_desc.strides());
+            if grad_in_dz {
+                flags |= bn_flags::WRITE_GRAD;
+            }
             let sp = BatchNormStatsParams {
                 geo: plan.geo,
                 flags,
                 _pad: 0,
             };
             let kernel = plan.stats_kernel(dtype, false)?;
-            // SAFETY: x, y (with RELU) and dy hold their descriptors' spans (checked);
-            // the mean comes from the coefficients written above or from saved_mean
-            // (bn_desc's span, checked); the partials region is large enough.
+            let grad_ptr = if grad_in_dz { dz_ptr.unwrap_or(0) } else { 0 };
+            // SAFETY: x, y (with RELU), dy and dz (with WRITE_GRAD, laid out as dy) hold
+            // their descriptors' spans (checked); the mean comes from the coefficients
+            // written above or from saved_mean (bn_desc's span, checked); the partials
+            // region is large enough.
             unsafe {
                 gpu.launch(
                     kernel,
-                    plan.config(true),
+                    plan.stats_config(),
                     &sp,
                     &[
                         x_ptr,
                         y_ptr.unwrap_or(0),
                         dy_ptr,
+                        grad_ptr,
                         fwd_coef,
                         saved_mean,
                         partials,
@@ -1153,7 +1296,8 @@ pub fn batch_norm_backward(
             let mut fp = plan.finalize_params(flags, bn.epsilon);
             fp.alpha = alpha_p;
             fp.beta = beta_p;
-            let (dscale_ptr, dbias_ptr) = (device_ptr_mut(gpu, dscale)?, device_ptr_mut(gpu, dbias)?);
+            let (dscale_ptr, dbias_ptr) =
+                (device_ptr_mut(gpu, dscale)?, device_ptr_mut(gpu, dbias)?);
             // SAFETY: the partials come from the launch above (same stream); the
             // per-feature pointers cover bn_desc's span (checked); bwd_coef holds
             // `features` entries.
@@ -1168,19 +1312,29 @@ pub fn batch_norm_backward(
                     ],
                 )?;
             }
-            let ap = apply_params(&plan, bn, alpha_d, beta_d, 0);
+            let (ap, grads) = if grad_in_dz {
+                // Plain backward on g (already masked, dz already written).
+                let plain = BatchNormDescriptor {
+                    ops: BatchNormOps::Bn,
+                    ..*bn
+                };
+                (apply_params(&plan, &plain, alpha_d, beta_d, 0), grad_ptr)
+            } else {
+                (apply_params(&plan, bn, alpha_d, beta_d, 0), dy_ptr)
+            };
             let kernel = plan.apply_kernel(dtype, false)?;
-            // SAFETY: x, y (with RELU), dy, dx and dz (with ADD) hold their descriptors'
-            // spans (checked); bwd_coef was written by the finalize launch.
+            // SAFETY: x, y (with RELU), dy (or dz holding g, laid out as dy), dx and dz
+            // (with ADD) hold their descriptors' spans (checked); bwd_coef was written by
+            // the finalize launch.
             unsafe {
                 gpu.launch(
                     kernel,
-                    plan.config(false),
+                    plan.apply_config(),
                     &ap,
                     &[
                         x_ptr,
                         y_ptr.unwrap_or(0),
-                        dy_ptr,
+                        grads,
                         dx_ptr,
                         dz_ptr.unwrap_or(0),
                         bwd_coef,
@@ -1195,6 +1349,12 @@ pub fn batch_norm_backward(
 mod tests {
     use super::*;
 
+    const H100: Occupancy = Occupancy {
+        sms: 132,
+        stats: 4,
+        apply: 2,
+    };
+
     fn fake_ops<'a>(descs: &[(usize, &'a TensorDescriptor)]) -> Operands<'a> {
         let mut ops: Operands<'a> = [None; COUNT];
         for &(slot, d) in descs {
@@ -1207,8 +1367,14 @@ mod tests {
     fn nchw_spatial_takes_the_rows_mapping_with_vectors() {
         let x = TensorDescriptor::nchw(DataType::F32, 32, 64, 112, 112).unwrap();
         let p = derive_batch_norm_descriptor(&x, BatchNormMode::Spatial).unwrap();
-        let plan = plan_problem(BatchNormMode::Spatial, &x, &p, &fake_ops(&[(X, &x), (Y, &x)]), 132)
-            .unwrap();
+        let plan = plan_problem(
+            BatchNormMode::Spatial,
+            &x,
+            &p,
+            &fake_ops(&[(X, &x), (Y, &x)]),
+            H100,
+        )
+        .unwrap();
         assert!(!plan.cols);
         assert_eq!(plan.geo.vector, 4);
         assert_eq!(plan.geo.features, 64);
@@ -1220,8 +1386,14 @@ mod tests {
     fn nhwc_spatial_takes_the_cols_mapping_and_odd_widths_go_scalar() {
         let x = TensorDescriptor::nhwc(DataType::F16, 32, 256, 56, 56).unwrap();
         let p = derive_batch_norm_descriptor(&x, BatchNormMode::Spatial).unwrap();
-        let plan = plan_problem(BatchNormMode::Spatial, &x, &p, &fake_ops(&[(X, &x), (Y, &x)]), 132)
-            .unwrap();
+        let plan = plan_problem(
+            BatchNormMode::Spatial,
+            &x,
+            &p,
+            &fake_ops(&[(X, &x), (Y, &x)]),
+            H100,
+        )
+        .unwrap();
         assert!(plan.cols);
         assert_eq!((plan.geo.vector, plan.geo.tile_vectors), (8, 32));
         let odd = TensorDescriptor::nhwc(DataType::F16, 2, 3, 5, 7).unwrap();
@@ -1231,7 +1403,7 @@ mod tests {
             &odd,
             &p,
             &fake_ops(&[(X, &odd), (Y, &odd)]),
-            132,
+            H100,
         )
         .unwrap();
         assert!(plan.cols);
@@ -1251,11 +1423,11 @@ mod tests {
                     let [n, c, h, w] = dims;
                     let x = TensorDescriptor::nchw_with(dt, n, c, h, w, layout).unwrap();
                     let p = derive_batch_norm_descriptor(&x, mode).unwrap();
-                    let bound = max_chunks(mode, &x, 132);
+                    let bound = chunks_for(mode, &x, 132, H100.stats);
                     for addr in [256u64, 2] {
                         let mut ops = fake_ops(&[(X, &x), (Y, &x)]);
                         ops[Y] = Some((&x, addr));
-                        let plan = plan_problem(mode, &x, &p, &ops, 132).unwrap();
+                        let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
                         assert!(plan.geo.chunks as usize <= bound, "{x:?} {mode:?}");
                         let covered = plan.geo.chunks as usize * plan.geo.chunk_len as usize;
                         let units = if plan.cols {

@@ -22,71 +22,84 @@ pub fn feature_of(mode: BatchNormMode, idx: &[usize]) -> Vec<usize> {
     f
 }
 
-/// Row-major position of `idx` in `dims`.
-fn linear(dims: &[usize], idx: &[usize]) -> usize {
-    idx.iter().zip(dims).fold(0, |acc, (&i, &n)| acc * n + i)
-}
-
-/// Per-feature values, in row-major order of the per-feature tensor's dims.
-struct PerFeature {
+/// Numbers the features of `x`'s elements: the row-major position of their element in
+/// the per-feature tensor.
+struct Features {
+    mode: BatchNormMode,
     dims: Vec<usize>,
-    values: Vec<f64>,
+    count: usize,
 }
 
-impl PerFeature {
-    fn zeros(mode: BatchNormMode, x_dims: &[usize]) -> Self {
-        let dims: Vec<usize> = x_dims
-            .iter()
-            .enumerate()
-            .map(|(d, &n)| match d {
-                0 => 1,
-                1 => n,
-                _ if mode == BatchNormMode::Spatial => 1,
-                _ => n,
-            })
-            .collect();
-        let count = dims.iter().product();
-        Self {
-            dims,
-            values: vec![0.0; count],
+impl Features {
+    fn new(mode: BatchNormMode, x: &HostTensor) -> Self {
+        let dims = x.desc.dims().to_vec();
+        let count = match mode {
+            BatchNormMode::Spatial => dims[1],
+            BatchNormMode::PerActivation => dims[1..].iter().product(),
+        };
+        Self { mode, dims, count }
+    }
+
+    /// The feature of `x`'s element `idx`.
+    fn of(&self, idx: &[usize]) -> usize {
+        match self.mode {
+            BatchNormMode::Spatial => idx[1],
+            BatchNormMode::PerActivation => idx[1..]
+                .iter()
+                .zip(&self.dims[1..])
+                .fold(0, |acc, (&i, &n)| acc * n + i),
         }
     }
 
-    fn at(&mut self, f: &[usize]) -> &mut f64 {
-        let i = linear(&self.dims, f);
-        &mut self.values[i]
+    /// Elements per feature.
+    fn reduction_len(&self) -> usize {
+        self.dims.iter().product::<usize>() / self.count
     }
 
-    fn get(&self, f: &[usize]) -> f64 {
-        self.values[linear(&self.dims, f)]
+    /// A per-feature tensor's values in feature order.
+    fn values(&self, t: &HostTensor) -> Vec<f64> {
+        let mut v = Vec::with_capacity(self.count);
+        for_each_index(t.desc.dims(), |f| v.push(t.get(f)));
+        v
+    }
+
+    /// Sets each element of a per-feature tensor to `value(feature, old value)`.
+    fn write(&self, t: &mut HostTensor, value: impl Fn(usize, f64) -> f64) {
+        let dims = t.desc.dims().to_vec();
+        let mut k = 0;
+        for_each_index(&dims, |f| {
+            let old = t.get(f);
+            t.set(f, value(k, old));
+            k += 1;
+        });
     }
 }
 
 /// Batch statistics of each feature: mean, biased variance, and the element count.
 pub struct BatchStats {
-    mode: BatchNormMode,
-    mean: PerFeature,
-    var: PerFeature,
+    features: Features,
+    mean: Vec<f64>,
+    var: Vec<f64>,
     pub count: usize,
 }
 
 impl BatchStats {
     /// Two passes over `x`: the means, then the mean squared deviations.
     pub fn of(mode: BatchNormMode, x: &HostTensor) -> Self {
-        let dims = x.desc.dims().to_vec();
-        let mut mean = PerFeature::zeros(mode, &dims);
-        let mut var = PerFeature::zeros(mode, &dims);
-        let count = x.desc.element_count() / mean.values.len();
-        for_each_index(&dims, |i| *mean.at(&feature_of(mode, i)) += x.get(i));
-        mean.values.iter_mut().for_each(|m| *m /= count as f64);
-        for_each_index(&dims, |i| {
-            let f = feature_of(mode, i);
-            let d = x.get(i) - mean.get(&f);
-            *var.at(&f) += d * d;
+        let features = Features::new(mode, x);
+        let count = features.reduction_len();
+        let mut mean = vec![0.0; features.count];
+        let mut var = vec![0.0; features.count];
+        for_each_index(x.desc.dims(), |i| mean[features.of(i)] += x.get(i));
+        mean.iter_mut().for_each(|m| *m /= count as f64);
+        for_each_index(x.desc.dims(), |i| {
+            let f = features.of(i);
+            let d = x.get(i) - mean[f];
+            var[f] += d * d;
         });
-        var.values.iter_mut().for_each(|v| *v /= count as f64);
+        var.iter_mut().for_each(|v| *v /= count as f64);
         Self {
-            mode,
+            features,
             mean,
             var,
             count,
@@ -95,16 +108,16 @@ impl BatchStats {
 
     /// Mean of the feature of `x`'s element `idx`.
     pub fn mean(&self, idx: &[usize]) -> f64 {
-        self.mean.get(&feature_of(self.mode, idx))
+        self.mean[self.features.of(idx)]
     }
 
     /// Biased variance of the feature of `x`'s element `idx`.
     pub fn variance(&self, idx: &[usize]) -> f64 {
-        self.var.get(&feature_of(self.mode, idx))
+        self.var[self.features.of(idx)]
     }
 }
 
-/// `act(bn + z)` as the fused ops define it.
+/// `act(v + z)` as the fused ops define it.
 fn epilogue(ops: BatchNormOps, v: f64, z: f64) -> f64 {
     match ops {
         BatchNormOps::Bn => v,
@@ -122,26 +135,25 @@ fn relu(v: f64) -> f64 {
 }
 
 /// `y = alpha * act(scale (x - mean) / sqrt(var + epsilon) + bias [+ z]) + beta * y`
-/// with the given per-element statistics.
+/// with per-feature `mean` and `var`.
 #[allow(clippy::too_many_arguments)]
 fn normalize(
-    mode: BatchNormMode,
+    features: &Features,
     ops: BatchNormOps,
-    alpha: f64,
-    beta: f64,
+    (alpha, beta): (f64, f64),
     x: &HostTensor,
     z: Option<&HostTensor>,
     y: &mut HostTensor,
-    scale: &HostTensor,
-    bias: &HostTensor,
-    stats: &BatchStats,
+    (scale, bias): (&HostTensor, &HostTensor),
+    (mean, var): (&[f64], &[f64]),
     epsilon: f64,
 ) {
+    let (scale, bias) = (features.values(scale), features.values(bias));
     super::write_blended(y, alpha, beta, |i| {
-        let f = feature_of(mode, i);
-        let xhat = (x.get(i) - stats.mean(i)) / (stats.variance(i) + epsilon).sqrt();
+        let f = features.of(i);
+        let xhat = (x.get(i) - mean[f]) / (var[f] + epsilon).sqrt();
         let zv = z.map_or(0.0, |z| z.get(i));
-        epilogue(ops, scale.get(&f) * xhat + bias.get(&f), zv)
+        epilogue(ops, scale[f] * xhat + bias[f], zv)
     });
 }
 
@@ -170,26 +182,33 @@ pub fn forward_training(
     saved: Option<Saved<'_>>,
 ) {
     let stats = BatchStats::of(mode, x);
-    normalize(mode, ops, alpha, beta, x, z, y, scale, bias, &stats, epsilon);
+    let features = &stats.features;
+    let (mean, var) = (&stats.mean, &stats.var);
+    normalize(
+        features,
+        ops,
+        (alpha, beta),
+        x,
+        z,
+        y,
+        (scale, bias),
+        (mean, var),
+        epsilon,
+    );
     let m = stats.count as f64;
-    let features = scale.desc.dims().to_vec();
     if let Some((factor, rm, rv)) = running {
-        for_each_index(&features, |f| {
-            let (mean, var) = (stats.mean.get(f), stats.var.get(f) * m / (m - 1.0));
-            if factor == 1.0 {
-                rm.set(f, mean);
-                rv.set(f, var);
-            } else {
-                rm.set(f, (1.0 - factor) * rm.get(f) + factor * mean);
-                rv.set(f, (1.0 - factor) * rv.get(f) + factor * var);
-            }
-        });
+        let unbiased = |f: usize| var[f] * m / (m - 1.0);
+        if factor == 1.0 {
+            features.write(rm, |f, _| mean[f]);
+            features.write(rv, |f, _| unbiased(f));
+        } else {
+            features.write(rm, |f, old| (1.0 - factor) * old + factor * mean[f]);
+            features.write(rv, |f, old| (1.0 - factor) * old + factor * unbiased(f));
+        }
     }
     if let Some((sm, sv)) = saved {
-        for_each_index(&features, |f| {
-            sm.set(f, stats.mean.get(f));
-            sv.set(f, 1.0 / (stats.var.get(f) + epsilon).sqrt());
-        });
+        features.write(sm, |f, _| mean[f]);
+        features.write(sv, |f, _| 1.0 / (var[f] + epsilon).sqrt());
     }
 }
 
@@ -210,18 +229,19 @@ pub fn forward_inference(
     variance: &HostTensor,
     epsilon: f64,
 ) {
-    let dims = x.desc.dims().to_vec();
-    let mut stats = BatchStats {
-        mode,
-        mean: PerFeature::zeros(mode, &dims),
-        var: PerFeature::zeros(mode, &dims),
-        count: 0,
-    };
-    for_each_index(mean.desc.dims(), |f| {
-        *stats.mean.at(f) = mean.get(f);
-        *stats.var.at(f) = variance.get(f);
-    });
-    normalize(mode, ops, alpha, beta, x, z, y, scale, bias, &stats, epsilon);
+    let features = Features::new(mode, x);
+    let (mean, var) = (features.values(mean), features.values(variance));
+    normalize(
+        &features,
+        ops,
+        (alpha, beta),
+        x,
+        z,
+        y,
+        (scale, bias),
+        (&mean, &var),
+        epsilon,
+    );
 }
 
 /// The outputs of [`backward`]: `dx`, and `dz` for the fused add.
@@ -257,24 +277,21 @@ pub fn backward(
     epsilon: f64,
     saved: Option<(&HostTensor, &HostTensor)>,
 ) {
-    let dims = x.desc.dims().to_vec();
+    let features = Features::new(mode, x);
     // Per feature: mean and 1 / sqrt(var + epsilon), saved or recomputed.
-    let mut mean = PerFeature::zeros(mode, &dims);
-    let mut inv = PerFeature::zeros(mode, &dims);
-    let count = x.desc.element_count() / mean.values.len();
-    match saved {
-        Some((m, s)) => for_each_index(m.desc.dims(), |f| {
-            *mean.at(f) = m.get(f);
-            *inv.at(f) = s.get(f);
-        }),
+    let (mean, inv_std) = match saved {
+        Some((m, s)) => (features.values(m), features.values(s)),
         None => {
             let stats = BatchStats::of(mode, x);
-            mean = stats.mean;
-            for_each_index(&inv.dims.clone(), |f| {
-                *inv.at(f) = 1.0 / (stats.var.get(f) + epsilon).sqrt()
-            });
+            let inv = stats
+                .var
+                .iter()
+                .map(|v| 1.0 / (v + epsilon).sqrt())
+                .collect();
+            (stats.mean, inv)
         }
-    }
+    };
+    let scale = features.values(scale);
     let grad = |i: &[usize]| match (ops, y) {
         (BatchNormOps::Bn, _) | (_, None) => dy.get(i),
         (_, Some(y)) => {
@@ -285,31 +302,27 @@ pub fn backward(
             }
         }
     };
-    let inv_std = |i: &[usize]| inv.get(&feature_of(mode, i));
-    let xhat = |i: &[usize]| (x.get(i) - mean.get(&feature_of(mode, i))) * inv_std(i);
-    let mut dbias = PerFeature::zeros(mode, &dims);
-    let mut dscale = PerFeature::zeros(mode, &dims);
-    for_each_index(&dims, |i| {
-        let f = feature_of(mode, i);
-        *dbias.at(&f) += grad(i);
-        *dscale.at(&f) += grad(i) * xhat(i);
+    let xhat = |i: &[usize], f: usize| (x.get(i) - mean[f]) * inv_std[f];
+    let mut dbias = vec![0.0; features.count];
+    let mut dscale = vec![0.0; features.count];
+    for_each_index(x.desc.dims(), |i| {
+        let f = features.of(i);
+        let g = grad(i);
+        dbias[f] += g;
+        dscale[f] += g * xhat(i, f);
     });
-    let m = count as f64;
+    let m = features.reduction_len() as f64;
     super::write_blended(data.dx, alpha_data, beta_data, |i| {
-        let f = feature_of(mode, i);
-        scale.get(&f) * inv_std(i) * (grad(i) - dbias.get(&f) / m - xhat(i) * dscale.get(&f) / m)
+        let f = features.of(i);
+        scale[f] * inv_std[f] * (grad(i) - dbias[f] / m - xhat(i, f) * dscale[f] / m)
     });
     if let Some(dz) = data.dz {
         super::write_blended(dz, alpha_data, beta_data, grad);
     }
-    let features = scale.desc.dims().to_vec();
-    for_each_index(&features, |f| {
-        let (old_s, old_b) = (params.dscale.get(f), params.dbias.get(f));
-        params
-            .dscale
-            .set(f, blend(alpha_param, dscale.get(f), beta_param, old_s));
-        params
-            .dbias
-            .set(f, blend(alpha_param, dbias.get(f), beta_param, old_b));
+    features.write(params.dscale, |f, old| {
+        blend(alpha_param, dscale[f], beta_param, old)
+    });
+    features.write(params.dbias, |f, old| {
+        blend(alpha_param, dbias[f], beta_param, old)
     });
 }
