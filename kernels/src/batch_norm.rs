@@ -364,7 +364,7 @@ fn cols_reduce<const KV: usize>(
         len: slots * KV as u32,
     };
     let (lane, warp) = (lane_id(), warp_id());
-    // SAFETY: warp < BN_BLOCK_WARPS (the host launches BN_BLOCK_THREADS), so every slot is
+    // SAFETY: warp < BN_BLOCK_WARPS (blocks have at most BN_BLOCK_THREADS), so every slot is
     // below its view's `len`, all inside BN_COLS_SHARED_BYTES; the barrier orders the
     // stores before the loads.
     unsafe {
@@ -719,8 +719,9 @@ fn merge_total_sums(x: Total, y: Total) -> Total {
 }
 
 /// The warp of feature `f` merges the feature's partials: lane `l` takes chunks `l, l+32,
-/// ..` in order, then a butterfly; lane 0's result is returned to lane 0 (the others'
-/// differ in rounding and are not used). `None` for warps past the last feature.
+/// ..` in order (loaded four at a time), then a butterfly; lane 0's result is returned to
+/// lane 0 (the others' differ in rounding and are not used). `None` for warps past the
+/// last feature.
 #[inline(always)]
 unsafe fn warp_total(
     features: u32,
@@ -732,23 +733,30 @@ unsafe fn warp_total(
     if f >= features {
         return None;
     }
-    let lane = lane_id();
     let mut t = Total {
         n: 0.0,
         a: 0.0,
         b: 0.0,
     };
-    let mut c = lane;
-    while c < chunks {
-        let part = *partials.add((c * features + f) as usize);
+    let add = #[inline(always)]
+    |t: &mut Total, part: BatchNormPartial| {
         let next = Total {
             n: part.count as f64,
             a: part.a as f64,
             b: part.b as f64,
         };
-        t = merge(t, next);
-        c += 32;
-    }
+        *t = merge(*t, next);
+    };
+    visit::<4, BatchNormPartial, _>(
+        (lane_id(), chunks, 32),
+        &mut t,
+        #[inline(always)]
+        |c| *partials.add((c * features + f) as usize),
+        #[inline(always)]
+        |t, _, parts| crate::unrolled!(u in 4 => add(t, parts[u])),
+        #[inline(always)]
+        |t, _, part| add(t, part),
+    );
     let mut mask = 16;
     while mask > 0 {
         t = merge(t, t.shfl(mask));
@@ -1141,7 +1149,7 @@ macro_rules! batch_norm_entry_points {
             }
 
             /// # Safety
-            /// As the rows kernel; cols mapping: `tiles * chunks` blocks of
+            /// As the rows kernel; cols mapping: `tiles * chunks` blocks of at most
             /// `BN_BLOCK_THREADS` with `BN_COLS_SHARED_BYTES` of dynamic shared memory.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_stats_cols_ $dt>](

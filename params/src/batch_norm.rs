@@ -34,7 +34,7 @@ pub mod bn_operand {
     pub const COUNT: usize = 6;
 }
 
-/// Threads per block of the stats and apply kernels.
+/// Threads per block of the stats and apply kernels, at most (the host may halve it).
 pub const BN_BLOCK_THREADS: u32 = 256;
 /// Warps per block of the stats and apply kernels.
 pub const BN_BLOCK_WARPS: u32 = BN_BLOCK_THREADS / 32;
@@ -77,7 +77,8 @@ pub mod bn_flags {
 /// reduction elements. Cols mode: block `b` works on feature tile `b % tiles`, chunk
 /// `b / tiles`; thread `t` on the `vector` features starting at
 /// `(tile * tile_vectors + t % tile_vectors) * vector` and on rows `t / tile_vectors`,
-/// `+ BN_BLOCK_THREADS / tile_vectors`, .. of its chunk of `chunk_len` rows.
+/// `+ blockDim / tile_vectors`, .. of its chunk of `chunk_len` rows. Blocks have at most
+/// `BN_BLOCK_THREADS` threads (the host picks 256 or 128 per kernel, by occupancy).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormGeometry {

@@ -347,9 +347,11 @@ struct Plan {
     apply_geo: BatchNormGeometry,
     /// Cols mapping (features contiguous) or rows mapping (reduction contiguous).
     cols: bool,
-    /// Blocks of the stats and of the apply kernels.
+    /// Blocks of the stats and of the apply kernels, and their block sizes.
     blocks: u32,
+    stats_threads: u32,
     apply_blocks: u32,
+    apply_threads: u32,
 }
 
 /// Logical dims of `x` that index features and that are reduced.
@@ -386,12 +388,11 @@ fn tile_vectors(vectors: usize) -> u32 {
     vectors.next_power_of_two().clamp(1, 32) as u32
 }
 
-/// Launch-shape settings: `[rows waves, rows vectors per thread, cols waves, cols rows per
-/// thread]`. Each can be overridden for tuning experiments through the environment
-/// (`OXIDNN_BN_ROWS_WAVES`, `OXIDNN_BN_ROWS_VECTORS_PER_THREAD`, `OXIDNN_BN_COLS_WAVES`,
-/// `OXIDNN_BN_COLS_ROWS_PER_THREAD`), read once per process.
-fn tuning() -> [usize; 4] {
-    static TUNING: OnceLock<[usize; 4]> = OnceLock::new();
+/// Launch-shape settings: `[rows waves, cols waves, loads per thread]`. Each can be
+/// overridden for tuning experiments through the environment (`OXIDNN_BN_ROWS_WAVES`,
+/// `OXIDNN_BN_COLS_WAVES`, `OXIDNN_BN_LOADS_PER_THREAD`), read once per process.
+fn tuning() -> [usize; 3] {
+    static TUNING: OnceLock<[usize; 3]> = OnceLock::new();
     *TUNING.get_or_init(|| {
         let knob = |name: &str, default: usize| {
             std::env::var(format!("OXIDNN_BN_{name}"))
@@ -401,21 +402,22 @@ fn tuning() -> [usize; 4] {
                 .unwrap_or(default)
         };
         [
-            knob("ROWS_WAVES", 4),
-            knob("ROWS_VECTORS_PER_THREAD", 4),
+            knob("ROWS_WAVES", 1),
             knob("COLS_WAVES", 1),
-            knob("COLS_ROWS_PER_THREAD", 16),
+            knob("LOADS_PER_THREAD", 4),
         ]
     })
 }
 
-/// The GPU a problem runs on: SMs, and how many blocks of its stats and of its apply
-/// kernel each SM runs at once.
+/// The GPU a problem runs on: SMs, and for its stats and its apply kernel the block size
+/// and how many such blocks each SM runs at once.
 #[derive(Clone, Copy, Debug)]
 struct Occupancy {
     sms: usize,
     stats: usize,
+    stats_threads: u32,
     apply: usize,
+    apply_threads: u32,
 }
 
 impl Occupancy {
@@ -429,27 +431,49 @@ impl Occupancy {
     ) -> Result<Self> {
         let cols = use_cols(mode, x_desc);
         let dtype = x_desc.dtype();
-        let stats = stats_kernel(cols, dtype, forward)?;
-        let apply = apply_kernel(cols, dtype, forward)?;
         let stats_smem = if cols { BN_COLS_SHARED_BYTES } else { 0 };
+        let (stats, stats_threads) =
+            best_block(gpu, stats_kernel(cols, dtype, forward)?, stats_smem)?;
+        let (apply, apply_threads) = best_block(gpu, apply_kernel(cols, dtype, forward)?, 0)?;
         Ok(Self {
             sms: gpu.sm_count.max(1) as usize,
-            stats: resident(gpu, stats, stats_smem)?,
-            apply: resident(gpu, apply, 0)?,
+            stats,
+            stats_threads,
+            apply,
+            apply_threads,
         })
     }
 }
 
-/// Blocks of `kernel` one SM of `gpu` runs at once.
-fn resident(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<usize> {
-    type Cache = Mutex<HashMap<(String, &'static str), usize>>;
+/// Blocks of 256 or of 128 threads, whichever keeps more threads of `kernel` resident on
+/// an SM (register-heavy kernels fit more in small blocks): `(blocks per SM, threads)`.
+fn best_block(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<(usize, u32)> {
+    let (big, small) = (BN_BLOCK_THREADS, BN_BLOCK_THREADS / 2);
+    let at_big = resident_with(gpu, kernel, big, shared_bytes)?;
+    let at_small = resident_with(gpu, kernel, small, shared_bytes)?;
+    Ok(if at_small * small as usize > at_big * big as usize {
+        (at_small, small)
+    } else {
+        (at_big, big)
+    })
+}
+
+/// Blocks of `threads` threads with `shared_bytes` of dynamic shared memory of `kernel` one
+/// SM of `gpu` runs at once (cached per device, kernel and block size).
+fn resident_with(
+    gpu: &Gpu,
+    kernel: &'static str,
+    threads: u32,
+    shared_bytes: u32,
+) -> Result<usize> {
+    type Cache = Mutex<HashMap<(String, &'static str, u32), usize>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (gpu.name.clone(), kernel);
+    let key = (gpu.name.clone(), kernel, threads);
     if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(n);
     }
-    let n = gpu.resident_blocks(kernel, BN_BLOCK_THREADS, shared_bytes)? as usize;
+    let n = gpu.resident_blocks(kernel, threads, shared_bytes)? as usize;
     cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -458,10 +482,9 @@ fn resident(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<usize>
 }
 
 /// Chunks to split each feature's reduction into for a kernel of which `resident` blocks
-/// fit on an SM. Rows mapping: several waves of short blocks (one feature each, little
-/// setup), so the last wave's tail is small. Cols mapping: about one full wave of long
-/// blocks, since each thread first loads the coefficients of its features. Either way
-/// every thread keeps a few groups of loads in flight. The count does not depend on the
+/// of `threads` fit on an SM: as many as fill the GPU once (rounded down, so no short
+/// second wave), while every thread still gets a full group of loads. Each block does the
+/// same amount of work, so one wave leaves no tail. The count does not depend on the
 /// vector width the plan ends up with (it assumes full vectors), so the workspace size
 /// depends on `x_desc` alone.
 fn chunks_for(
@@ -469,24 +492,24 @@ fn chunks_for(
     x_desc: &TensorDescriptor,
     sms: usize,
     resident: usize,
+    threads: u32,
 ) -> usize {
-    let [rows_waves, rows_vpt, cols_waves, cols_rpt] = tuning();
+    let [rows_waves, cols_waves, loads] = tuning();
     let (f, m) = (
         x_desc.element_count() / reduction_len(mode, x_desc),
         reduction_len(mode, x_desc),
     );
     let k = vector_elements(x_desc.dtype());
-    let threads = BN_BLOCK_THREADS as usize;
+    let threads = threads as usize;
     let (waves, units, min_per_chunk) = if use_cols(mode, x_desc) {
         let tv = tile_vectors(f.div_ceil(k)) as usize;
         let tiles = f.div_ceil(k).div_ceil(tv);
-        (cols_waves, tiles, threads / tv * cols_rpt)
+        (cols_waves, tiles, (threads / tv).max(1) * loads)
     } else {
-        (rows_waves, f, threads * rows_vpt * k)
+        (rows_waves, f, threads * loads * k)
     };
-    (waves * sms * resident)
-        .div_ceil(units)
-        .min((m / min_per_chunk).max(1))
+    (waves * sms * resident / units)
+        .min(m / min_per_chunk)
         .clamp(1, 65_535)
 }
 
@@ -506,7 +529,7 @@ fn workspace_layout(
     backward: bool,
 ) -> WorkspaceLayout {
     let f = x_desc.element_count() / reduction_len(mode, x_desc);
-    let chunks = chunks_for(mode, x_desc, occ.sms, occ.stats);
+    let chunks = chunks_for(mode, x_desc, occ.sms, occ.stats, occ.stats_threads);
     let partials = chunks * f * size_of::<BatchNormPartial>();
     let coef_bytes = f * size_of::<BatchNormCoef>();
     WorkspaceLayout {
@@ -638,14 +661,28 @@ fn plan_problem(
         }
         Ok((g, blocks as u32))
     };
-    let (geo, blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.stats))?;
-    let (apply_geo, apply_blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.apply))?;
+    let (geo, blocks) = split(chunks_for(
+        mode,
+        x_desc,
+        occ.sms,
+        occ.stats,
+        occ.stats_threads,
+    ))?;
+    let (apply_geo, apply_blocks) = split(chunks_for(
+        mode,
+        x_desc,
+        occ.sms,
+        occ.apply,
+        occ.apply_threads,
+    ))?;
     Ok(Plan {
         geo,
         apply_geo,
         cols,
         blocks,
+        stats_threads: occ.stats_threads,
         apply_blocks,
+        apply_threads: occ.apply_threads,
     })
 }
 
@@ -674,7 +711,7 @@ impl Plan {
         LaunchConfig {
             grid: self.blocks,
             grid_y: 1,
-            block: BN_BLOCK_THREADS,
+            block: self.stats_threads,
             shared_bytes: if self.cols { BN_COLS_SHARED_BYTES } else { 0 },
         }
     }
@@ -683,7 +720,7 @@ impl Plan {
         LaunchConfig {
             grid: self.apply_blocks,
             grid_y: 1,
-            block: BN_BLOCK_THREADS,
+            block: self.apply_threads,
             shared_bytes: 0,
         }
     }
@@ -1352,7 +1389,9 @@ mod tests {
     const H100: Occupancy = Occupancy {
         sms: 132,
         stats: 4,
-        apply: 2,
+        stats_threads: 256,
+        apply: 5,
+        apply_threads: 128,
     };
 
     fn fake_ops<'a>(descs: &[(usize, &'a TensorDescriptor)]) -> Operands<'a> {
@@ -1379,7 +1418,7 @@ mod tests {
         assert_eq!(plan.geo.vector, 4);
         assert_eq!(plan.geo.features, 64);
         assert_eq!(plan.geo.red_len, 32 * 112 * 112);
-        assert!(plan.blocks >= 132 * 4);
+        assert!(plan.blocks >= 132 * 3 && plan.blocks <= 132 * 4);
     }
 
     #[test]
@@ -1423,7 +1462,7 @@ mod tests {
                     let [n, c, h, w] = dims;
                     let x = TensorDescriptor::nchw_with(dt, n, c, h, w, layout).unwrap();
                     let p = derive_batch_norm_descriptor(&x, mode).unwrap();
-                    let bound = chunks_for(mode, &x, 132, H100.stats);
+                    let bound = chunks_for(mode, &x, 132, H100.stats, H100.stats_threads);
                     for addr in [256u64, 2] {
                         let mut ops = fake_ops(&[(X, &x), (Y, &x)]);
                         ops[Y] = Some((&x, addr));
