@@ -388,26 +388,15 @@ fn tile_vectors(vectors: usize) -> u32 {
     vectors.next_power_of_two().clamp(1, 32) as u32
 }
 
-/// Launch-shape settings: `[rows waves, cols waves, loads per thread]`. Each can be
-/// overridden for tuning experiments through the environment (`OXIDNN_BN_ROWS_WAVES`,
-/// `OXIDNN_BN_COLS_WAVES`, `OXIDNN_BN_LOADS_PER_THREAD`), read once per process.
-fn tuning() -> [usize; 3] {
-    static TUNING: OnceLock<[usize; 3]> = OnceLock::new();
-    *TUNING.get_or_init(|| {
-        let knob = |name: &str, default: usize| {
-            std::env::var(format!("OXIDNN_BN_{name}"))
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&v| v > 0)
-                .unwrap_or(default)
-        };
-        [
-            knob("ROWS_WAVES", 1),
-            knob("COLS_WAVES", 1),
-            knob("LOADS_PER_THREAD", 4),
-        ]
-    })
-}
+/// Groups of loads (of `FWD_UNROLL` vectors or rows) every thread gets at least.
+const MIN_GROUPS_PER_THREAD: usize = 1;
+/// Rows every thread of a cols stats kernel gets at least: its block-wide reduction and
+/// the partials it writes cost about as much as reading a few rows per thread, and fewer
+/// chunks make the finalize cheaper. (Measured on the H100 at 4 and 16 rows: 16 is
+/// faster for every ResNet-50 shape; the apply kernels, with no reduction, prefer 4.)
+const COLS_STATS_MIN_ROWS_PER_THREAD: usize = 16;
+/// Vectors or rows a thread loads before using them (the kernels' unroll).
+const LOADS_PER_GROUP: usize = 4;
 
 /// The GPU a problem runs on: SMs, and for its stats and its apply kernel the block size
 /// and how many such blocks each SM runs at once.
@@ -431,9 +420,15 @@ impl Occupancy {
     ) -> Result<Self> {
         let cols = use_cols(mode, x_desc);
         let dtype = x_desc.dtype();
-        let stats_smem = if cols { BN_COLS_SHARED_BYTES } else { 0 };
-        let (stats, stats_threads) =
-            best_block(gpu, stats_kernel(cols, dtype, forward)?, stats_smem)?;
+        let stats_kernel = stats_kernel(cols, dtype, forward)?;
+        // Cols stats blocks reduce in shared memory and write a partial per feature:
+        // always full-size blocks, so there are fewer of both.
+        let (stats, stats_threads) = if cols {
+            let n = resident_with(gpu, stats_kernel, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES)?;
+            (n, BN_BLOCK_THREADS)
+        } else {
+            best_block(gpu, stats_kernel, 0)?
+        };
         let (apply, apply_threads) = best_block(gpu, apply_kernel(cols, dtype, forward)?, 0)?;
         Ok(Self {
             sms: gpu.sm_count.max(1) as usize,
@@ -483,34 +478,47 @@ fn resident_with(
 
 /// Chunks to split each feature's reduction into for a kernel of which `resident` blocks
 /// of `threads` fit on an SM: as many as fill the GPU once (rounded down, so no short
-/// second wave), while every thread still gets a full group of loads. Each block does the
-/// same amount of work, so one wave leaves no tail. The count does not depend on the
-/// vector width the plan ends up with (it assumes full vectors), so the workspace size
-/// depends on `x_desc` alone.
+/// second wave; every block does the same work, so one wave leaves no tail), while every
+/// thread still gets `min_rows` rows (cols mapping) or a full group of vector loads (rows
+/// mapping). The count does not depend on the vector width the plan ends up with (it
+/// assumes full vectors), so the workspace size depends on `x_desc` alone.
 fn chunks_for(
     mode: BatchNormMode,
     x_desc: &TensorDescriptor,
-    sms: usize,
-    resident: usize,
-    threads: u32,
+    (sms, resident, threads): (usize, usize, u32),
+    min_rows: usize,
 ) -> usize {
-    let [rows_waves, cols_waves, loads] = tuning();
     let (f, m) = (
         x_desc.element_count() / reduction_len(mode, x_desc),
         reduction_len(mode, x_desc),
     );
     let k = vector_elements(x_desc.dtype());
     let threads = threads as usize;
-    let (waves, units, min_per_chunk) = if use_cols(mode, x_desc) {
+    let (units, min_per_chunk) = if use_cols(mode, x_desc) {
         let tv = tile_vectors(f.div_ceil(k)) as usize;
         let tiles = f.div_ceil(k).div_ceil(tv);
-        (cols_waves, tiles, (threads / tv).max(1) * loads)
+        (tiles, (threads / tv).max(1) * min_rows)
     } else {
-        (rows_waves, f, threads * loads * k)
+        let vectors = MIN_GROUPS_PER_THREAD * LOADS_PER_GROUP;
+        (f, threads * vectors * k)
     };
-    (waves * sms * resident / units)
+    (sms * resident / units)
         .min(m / min_per_chunk)
         .clamp(1, 65_535)
+}
+
+impl Occupancy {
+    /// Chunks of the stats kernels (the partials' chunks; an upper bound of the plan's).
+    fn stats_chunks(&self, mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
+        let shape = (self.sms, self.stats, self.stats_threads);
+        chunks_for(mode, x_desc, shape, COLS_STATS_MIN_ROWS_PER_THREAD)
+    }
+
+    /// Chunks of the apply kernels.
+    fn apply_chunks(&self, mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
+        let shape = (self.sms, self.apply, self.apply_threads);
+        chunks_for(mode, x_desc, shape, LOADS_PER_GROUP)
+    }
 }
 
 /// Bytes of the workspace regions: partials, then the forward coefficients, then (backward)
@@ -529,7 +537,7 @@ fn workspace_layout(
     backward: bool,
 ) -> WorkspaceLayout {
     let f = x_desc.element_count() / reduction_len(mode, x_desc);
-    let chunks = chunks_for(mode, x_desc, occ.sms, occ.stats, occ.stats_threads);
+    let chunks = occ.stats_chunks(mode, x_desc);
     let partials = chunks * f * size_of::<BatchNormPartial>();
     let coef_bytes = f * size_of::<BatchNormCoef>();
     WorkspaceLayout {
@@ -661,20 +669,8 @@ fn plan_problem(
         }
         Ok((g, blocks as u32))
     };
-    let (geo, blocks) = split(chunks_for(
-        mode,
-        x_desc,
-        occ.sms,
-        occ.stats,
-        occ.stats_threads,
-    ))?;
-    let (apply_geo, apply_blocks) = split(chunks_for(
-        mode,
-        x_desc,
-        occ.sms,
-        occ.apply,
-        occ.apply_threads,
-    ))?;
+    let (geo, blocks) = split(occ.stats_chunks(mode, x_desc))?;
+    let (apply_geo, apply_blocks) = split(occ.apply_chunks(mode, x_desc))?;
     Ok(Plan {
         geo,
         apply_geo,
@@ -1462,7 +1458,7 @@ mod tests {
                     let [n, c, h, w] = dims;
                     let x = TensorDescriptor::nchw_with(dt, n, c, h, w, layout).unwrap();
                     let p = derive_batch_norm_descriptor(&x, mode).unwrap();
-                    let bound = chunks_for(mode, &x, 132, H100.stats, H100.stats_threads);
+                    let bound = H100.stats_chunks(mode, &x);
                     for addr in [256u64, 2] {
                         let mut ops = fake_ops(&[(X, &x), (Y, &x)]);
                         ops[Y] = Some((&x, addr));
