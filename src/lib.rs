@@ -49,6 +49,10 @@ pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
     MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
 };
+pub use ops::pooling::{
+    pooling_backward, pooling_forward, pooling_forward_output_dims, PoolingDescriptor, PoolingMode,
+    PoolingNanOpt,
+};
 pub use ops::reduce::{
     reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,
 };

@@ -543,6 +543,30 @@ pub fn sqrt(x: f32) -> f32 {
     out
 }
 
+/// `max(a, b)` ignoring NaN (IEEE maxNum: a NaN operand yields the other; two NaNs, NaN).
+#[inline(always)]
+pub fn max_ignore_nan(a: f32, b: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("max.f32 {o}, {a}, {b};", o = out(reg32) out, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `max(a, b)`, NaN if either is NaN (sm_80+).
+#[inline(always)]
+pub fn max_propagate_nan(a: f32, b: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("max.NaN.f32 {o}, {a}, {b};", o = out(reg32) out, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
 /// Fused multiply-add `a * b + c`, rounded once.
 #[inline(always)]
 pub fn fma(a: f32, b: f32, c: f32) -> f32 {

@@ -16,6 +16,7 @@ pub mod math;
 
 pub mod activation;
 pub mod matmul;
+pub mod pooling;
 pub mod reduce;
 pub mod tensor_ops;
 

@@ -9,6 +9,7 @@
 mod divisor;
 mod index_map;
 mod matmul;
+mod pooling;
 
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;
@@ -16,6 +17,10 @@ pub use matmul::{
     fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
     EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
     MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+};
+pub use pooling::{
+    PoolCoord, PoolItems, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams,
+    PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
 };
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).

@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod matmul;
+pub mod pooling;
 pub mod reduce;
 pub mod tensor_ops;
 
