@@ -7,8 +7,11 @@
 //!
 //! * `FILTER` (optional): run only the rows whose `direction.case layout shape` key contains
 //!   it, e.g. `fwd`, `max3x3`, `f16.nhwc`, `gavg`, `bwd.max2x2x2`.
-//! * `OXIDNN_BENCH_QUICK=1`: the headline case only (3x3/s2 max pooling).
+//! * `OXIDNN_BENCH_QUICK=1`: f32 NCHW and f16 NHWC only (every case, a smoke test).
 //! * `OXIDNN_BENCH_CSV=path`: where the CSV goes (default `pooling-results.csv` in the cwd).
+//! * `OXIDNN_BENCH_POOLING_ALGOS=1`: also time each backward algorithm oxidnn has for the
+//!   problem (`bwd:gather`, `bwd:cell`, `bwd:tile` rows, outside the summary's geomeans);
+//!   the `bwd` row is the heuristic's choice.
 //!
 //! Cases (ResNet-50 at N = 32, one 3-D shape): max 3x3 stride 2 padding 1 on 64x112x112
 //! (the stem); global average over 2048x7x7; max 2x2x2 stride 2 on N = 8, C = 64,
@@ -42,7 +45,9 @@ use common::{
     dev, dev_mut, device_address, fmt_opt, open_csv, open_gpu, poison_async, random_bytes, Args,
     Check, Context, Res, Timer,
 };
-use oxidnn::ops::pooling::{pooling_backward_kernel, pooling_forward_kernel};
+use oxidnn::ops::pooling::{
+    pooling_backward_kernel, pooling_backward_with, pooling_forward_kernel, PoolingBwdAlgo,
+};
 use oxidnn::{
     pooling_backward, pooling_forward, pooling_forward_output_dims, Buffer, DataType, Handle,
     Layout, PoolingDescriptor, PoolingMode, PoolingNanOpt, TensorDescriptor,
@@ -148,15 +153,23 @@ const VARIANTS: [(DataType, Layout); 3] = [
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Direction {
     Forward,
-    Backward,
+    /// The backward, with oxidnn's algorithm forced when given.
+    Backward(Option<PoolingBwdAlgo>),
 }
 
 impl Direction {
     fn name(self) -> &'static str {
         match self {
             Direction::Forward => "fwd",
-            Direction::Backward => "bwd",
+            Direction::Backward(None) => "bwd",
+            Direction::Backward(Some(PoolingBwdAlgo::Gather)) => "bwd:gather",
+            Direction::Backward(Some(PoolingBwdAlgo::Cell)) => "bwd:cell",
+            Direction::Backward(Some(PoolingBwdAlgo::Tile)) => "bwd:tile",
         }
+    }
+
+    fn is_backward(self) -> bool {
+        matches!(self, Direction::Backward(_))
     }
 }
 
@@ -208,8 +221,8 @@ impl Problem {
         let (x, y) = (self.x.size_bytes() as u64, self.y.size_bytes() as u64);
         match dir {
             Direction::Forward => x + y,
-            Direction::Backward if self.case.mode.is_max() => 2 * x + 2 * y,
-            Direction::Backward => x + y,
+            Direction::Backward(_) if self.case.mode.is_max() => 2 * x + 2 * y,
+            Direction::Backward(_) => x + y,
         }
     }
 }
@@ -252,7 +265,7 @@ impl Set {
     fn output(&mut self, dir: Direction) -> &mut Buffer {
         match dir {
             Direction::Forward => &mut self.out,
-            Direction::Backward => &mut self.dx,
+            Direction::Backward(_) => &mut self.dx,
         }
     }
 }
@@ -363,7 +376,7 @@ fn run_cudnn(cu: &Cudnn, d: &CudnnProblem, dir: Direction, set: &mut Set) -> Res
                 )
             }
         }
-        Direction::Backward => {
+        Direction::Backward(_) => {
             let (y, dy, x, dx) = (a(&set.y)?, a(&set.dy)?, a(&set.x)?, a(&set.dx)?);
             // SAFETY: see the invariant above; dx = grad(y, dy, x).
             unsafe {
@@ -388,22 +401,36 @@ fn run_cudnn(cu: &Cudnn, d: &CudnnProblem, dir: Direction, set: &mut Set) -> Res
 }
 
 fn run_oxidnn(h: &Handle, p: &Problem, dir: Direction, set: &mut Set) -> oxidnn::Result<()> {
+    let (pool, x, y) = (&p.pool, &p.x, &p.y);
     match dir {
-        Direction::Forward => {
-            pooling_forward(h, &p.pool, 1.0, &p.x, &set.x, 0.0, &p.y, &mut set.out)
-        }
-        Direction::Backward => pooling_backward(
+        Direction::Forward => pooling_forward(h, pool, 1.0, x, &set.x, 0.0, y, &mut set.out),
+        Direction::Backward(None) => pooling_backward(
             h,
-            &p.pool,
+            pool,
             1.0,
-            &p.y,
+            y,
             &set.y,
-            &p.y,
+            y,
             &set.dy,
-            &p.x,
+            x,
             &set.x,
             0.0,
-            &p.x,
+            x,
+            &mut set.dx,
+        ),
+        Direction::Backward(Some(algo)) => pooling_backward_with(
+            h,
+            algo,
+            pool,
+            1.0,
+            y,
+            &set.y,
+            y,
+            &set.dy,
+            x,
+            &set.x,
+            0.0,
+            x,
             &mut set.dx,
         ),
     }
@@ -494,7 +521,7 @@ enum Side {
 fn output_bytes(b: &Bench, p: &Problem, dir: Direction, set: &mut Set) -> Res<Vec<u8>> {
     let desc = match dir {
         Direction::Forward => p.y,
-        Direction::Backward => p.x,
+        Direction::Backward(_) => p.x,
     };
     let mut bytes = b
         .handle
@@ -526,11 +553,16 @@ fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Row {
     };
     let kernel = match dir {
         Direction::Forward => pooling_forward_kernel(&b.handle, &p.pool, &p.x, &p.y),
-        Direction::Backward => pooling_backward_kernel(&b.handle, &p.pool, &p.x, &p.y, &p.y, &p.x),
+        Direction::Backward(algo) => {
+            pooling_backward_kernel(&b.handle, algo, &p.pool, &p.x, &p.y, &p.y, &p.x)
+        }
     };
     match kernel {
         Ok(k) => row.notes.push(format!("oxidnn kernel {k}")),
-        Err(e) => row.notes.push(format!("oxidnn: {e}")),
+        Err(e) => {
+            row.notes.push(format!("oxidnn: {e}"));
+            return row;
+        }
     }
     let cu = match (&b.cudnn, &g.cudnn) {
         (Some(cu), Ok(d)) => Some((cu, d)),
@@ -707,8 +739,16 @@ impl Report {
             }
         };
         line("forward", &|r| r.dir == Direction::Forward);
-        line("backward", &|r| r.dir == Direction::Backward);
-        line("all", &|_| true);
+        line("backward", &|r| r.dir == Direction::Backward(None));
+        line("all", &|r| {
+            matches!(r.dir, Direction::Forward | Direction::Backward(None))
+        });
+        for algo in PoolingBwdAlgo::ALL {
+            let dir = Direction::Backward(Some(algo));
+            if self.rows.iter().any(|r| r.dir == dir) {
+                line(dir.name(), &|r| r.dir == dir);
+            }
+        }
         let count = |f: fn(&Check) -> bool| self.rows.iter().filter(|r| f(&r.check)).count();
         println!(
             "  rows: {}, MISMATCH: {}, oxidnn errors: {}",
@@ -730,10 +770,10 @@ impl Report {
 
 impl Args {
     fn selects(&self, case: &Case, dtype: DataType, layout: Layout, dir: Direction) -> bool {
-        if case.ties && dir == Direction::Forward {
+        if case.ties && !dir.is_backward() {
             return false;
         }
-        if self.quick && case.name != "max3x3s2p1" {
+        if self.quick && dtype == DataType::F16 && layout == Layout::ChannelsFirst {
             return false;
         }
         let key = format!(
@@ -752,6 +792,8 @@ impl Args {
 fn run() -> Res<()> {
     let started = Instant::now();
     let args = Args::parse();
+    let algos =
+        std::env::var("OXIDNN_BENCH_POOLING_ALGOS").is_ok_and(|v| !v.is_empty() && v != "0");
     let Some(gpu) = open_gpu("pooling_vs_cudnn")? else {
         return Ok(());
     };
@@ -791,7 +833,10 @@ fn run() -> Res<()> {
         bench.copy_gbps
     );
     if args.quick {
-        println!("OXIDNN_BENCH_QUICK: the headline case only");
+        println!("OXIDNN_BENCH_QUICK: f32 NCHW and f16 NHWC only");
+    }
+    if algos {
+        println!("OXIDNN_BENCH_POOLING_ALGOS: every backward algorithm");
     }
     if let Some(f) = &args.filter {
         println!("filter: rows containing {f:?}");
@@ -805,7 +850,11 @@ fn run() -> Res<()> {
     report.print_header();
     for case in CASES {
         for (dtype, layout) in VARIANTS {
-            let dirs: Vec<Direction> = [Direction::Forward, Direction::Backward]
+            let mut dirs = vec![Direction::Forward, Direction::Backward(None)];
+            if algos {
+                dirs.extend(PoolingBwdAlgo::ALL.map(|a| Direction::Backward(Some(a))));
+            }
+            let dirs: Vec<Direction> = dirs
                 .into_iter()
                 .filter(|&d| args.selects(&case, dtype, layout, d))
                 .collect();

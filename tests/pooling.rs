@@ -7,7 +7,9 @@
 mod common;
 
 use common::*;
-use oxidnn::ops::pooling::{pooling_backward_kernel, pooling_forward_kernel};
+use oxidnn::ops::pooling::{
+    pooling_backward_kernel, pooling_backward_with, pooling_forward_kernel, PoolingBwdAlgo,
+};
 use oxidnn::reference::pooling as reference;
 use oxidnn::*;
 use proptest::prelude::*;
@@ -553,7 +555,8 @@ fn check_forward(h: &Handle, p: &Problem) {
     check(h, &p.y, &y, &want, tolerance(p, true), &what);
 }
 
-fn check_backward(h: &Handle, p: &Problem) {
+/// Checks the backward of `p` against the reference, with `algo` forced if given.
+fn check_backward(h: &Handle, p: &Problem, algo: Option<PoolingBwdAlgo>) {
     let mut r = rng(p.seed);
     let xt = draw(p.x, p.data, &mut r);
     let mut yt = HostTensor::filled(p.y, 0.0);
@@ -571,14 +574,19 @@ fn check_backward(h: &Handle, p: &Problem) {
         upload_poisoned(h, &dyt, false),
     );
     let mut dx = upload_poisoned(h, &dx0, beta == 0.0);
-    pooling_backward(
-        h, &p.pool, alpha, &p.y, &y, &p.y, &dy, &p.x, &x, beta, &p.x, &mut dx,
-    )
+    match algo {
+        None => pooling_backward(
+            h, &p.pool, alpha, &p.y, &y, &p.y, &dy, &p.x, &x, beta, &p.x, &mut dx,
+        ),
+        Some(a) => pooling_backward_with(
+            h, a, &p.pool, alpha, &p.y, &y, &p.y, &dy, &p.x, &x, beta, &p.x, &mut dx,
+        ),
+    }
     .unwrap();
     let mut want = dx0.clone();
     reference::backward(&p.pool, alpha, &yt, &dyt, &xt, beta, &mut want);
     let exact = matches!(p.data, Data::SmallIntegers);
-    let kernel = pooling_backward_kernel(h, &p.pool, &p.x, &p.y, &p.y, &p.x).unwrap();
+    let kernel = pooling_backward_kernel(h, algo, &p.pool, &p.x, &p.y, &p.y, &p.x).unwrap();
     let what = format!(
         "backward ({kernel}) {:?} {} <- {}",
         p.pool,
@@ -598,7 +606,7 @@ proptest! {
 
     #[test]
     fn gpu_backward_matches_reference(p in problem()) {
-        with_gpu("gpu_backward_matches_reference", |h| check_backward(h, &p));
+        with_gpu("gpu_backward_matches_reference", |h| check_backward(h, &p, None));
     }
 }
 
@@ -626,116 +634,115 @@ fn dense_problem(
     }
 }
 
+/// Every kernel, forward and each backward algorithm, on shapes that reach it: global and
+/// windowed, channels first and last (vectorised where C allows), 1-D to 3-D, overlapping
+/// and disjoint windows, against the reference for every mode and dtype.
 #[test]
 fn gpu_every_kernel_matches_the_reference() {
     with_gpu("gpu_every_kernel_matches_the_reference", |h| {
-        let nd = |mode, w: &[usize], p: &[usize], s: &[usize]| {
-            PoolingDescriptor::new_nd(mode, PROPAGATE, w, p, s).unwrap()
-        };
         let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
-        // (pooling, dims, layout, forward kernel, backward kernel) per mode family.
-        let cases =
-            |mode: PoolingMode| -> Vec<(PoolingDescriptor, Vec<usize>, Layout, &str, &str)> {
-                let max = mode.is_max();
-                vec![
-                    (
-                        nd(mode, &[3, 3], &[1, 1], &[2, 2]),
-                        vec![2, 3, 17, 19],
-                        first,
-                        "pooling_fwd_window_",
-                        "pooling_bwd_cell_{m}_",
-                    ),
-                    (
-                        nd(mode, &[3, 3], &[1, 1], &[2, 2]),
-                        vec![2, 16, 17, 19],
-                        last,
-                        "pooling_fwd_window_vec_",
-                        "pooling_bwd_cell_vec_{m}_",
-                    ),
-                    (
-                        nd(mode, &[3, 3], &[1, 1], &[2, 2]),
-                        vec![2, 3, 17, 19],
-                        last,
-                        "pooling_fwd_window_",
-                        "pooling_bwd_cell_{m}_",
-                    ),
-                    (
-                        nd(mode, &[3, 3], &[1, 1], &[1, 1]),
-                        vec![2, 3, 11, 13],
-                        first,
-                        "pooling_fwd_window_",
-                        if max {
-                            "pooling_bwd_window_{m}_"
-                        } else {
-                            "pooling_bwd_cell_{m}_"
-                        },
-                    ),
-                    (
-                        nd(mode, &[3, 3], &[0, 0], &[3, 3]),
-                        vec![2, 16, 11, 13],
-                        last,
-                        "pooling_fwd_window_vec_",
-                        "pooling_bwd_window_vec_{m}_",
-                    ),
-                    (
-                        nd(mode, &[2, 2, 2], &[0, 1, 0], &[2, 2, 2]),
-                        vec![2, 16, 5, 6, 7],
-                        last,
-                        "pooling_fwd_window_vec_",
-                        "pooling_bwd_cell_vec_{m}_",
-                    ),
-                    (
-                        nd(mode, &[2, 2, 2], &[1, 0, 1], &[2, 2, 2]),
-                        vec![2, 3, 5, 6, 7],
-                        first,
-                        "pooling_fwd_window_",
-                        "pooling_bwd_cell_{m}_",
-                    ),
-                    (
-                        nd(mode, &[4], &[1], &[3]),
-                        vec![3, 5, 23],
-                        first,
-                        "pooling_fwd_window_",
-                        "pooling_bwd_cell_{m}_",
-                    ),
-                    (
-                        nd(mode, &[7, 7], &[0, 0], &[1, 1]),
-                        vec![3, 5, 7, 7],
-                        first,
-                        "pooling_fwd_global_",
-                        if max {
-                            "pooling_bwd_window_{m}_"
-                        } else {
-                            "pooling_bwd_cell_{m}_"
-                        },
-                    ),
-                    (
-                        nd(mode, &[7, 7], &[0, 0], &[7, 7]),
-                        vec![3, 32, 7, 7],
-                        last,
-                        "pooling_fwd_global_vec_",
-                        if max {
-                            "pooling_bwd_window_vec_{m}_"
-                        } else {
-                            "pooling_bwd_cell_vec_{m}_"
-                        },
-                    ),
-                    // A long reduction over few (n, c): a block per output.
-                    (
-                        nd(mode, &[96, 96], &[0, 0], &[1, 1]),
-                        vec![1, 3, 96, 96],
-                        first,
-                        "pooling_fwd_global_",
-                        if max {
-                            "pooling_bwd_window_{m}_"
-                        } else {
-                            "pooling_bwd_cell_{m}_"
-                        },
-                    ),
-                ]
-            };
-        for mode in PoolingMode::ALL {
-            for (pool, dims, layout, fwd, bwd) in cases(mode) {
+        // (window, padding, stride, dims, layout, forward kernel)
+        type Case = (
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            Layout,
+            &'static str,
+        );
+        let cases: [Case; 11] = [
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 17, 19],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 16, 17, 19],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 17, 19],
+                last,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                &[2, 3, 11, 13],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[0, 0],
+                &[3, 3],
+                &[2, 16, 11, 13],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[2, 2, 2],
+                &[0, 1, 0],
+                &[2, 2, 2],
+                &[2, 16, 5, 6, 7],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[2, 2, 2],
+                &[1, 0, 1],
+                &[2, 2, 2],
+                &[2, 3, 5, 6, 7],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (&[4], &[1], &[3], &[3, 5, 23], first, "pooling_fwd_window_"),
+            (
+                &[7, 7],
+                &[0, 0],
+                &[1, 1],
+                &[3, 5, 7, 7],
+                first,
+                "pooling_fwd_global_",
+            ),
+            (
+                &[7, 7],
+                &[0, 0],
+                &[7, 7],
+                &[3, 32, 7, 7],
+                last,
+                "pooling_fwd_global_vec_",
+            ),
+            // A long reduction over few (n, c): a block per output.
+            (
+                &[96, 96],
+                &[0, 0],
+                &[1, 1],
+                &[1, 3, 96, 96],
+                first,
+                "pooling_fwd_global_",
+            ),
+        ];
+        for (window, padding, stride, dims, layout, fwd) in cases {
+            // 16 and 32 channels take whole vectors of every width; 3 and 5 none.
+            let vec = layout == last && dims[1] % 8 == 0;
+            let cell: usize = stride.iter().product();
+            let global = window == &dims[2..] && padding.iter().all(|&p| p == 0);
+            let volume: usize = window.iter().product();
+            for mode in PoolingMode::ALL {
+                let pool =
+                    PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
                 for dt in DataType::GPU {
                     let unblended = (1.0, 0.0);
                     for (data, ab) in [
@@ -744,16 +751,45 @@ fn gpu_every_kernel_matches_the_reference() {
                         (Data::WithNan, unblended),
                         (Data::Uniform, (-1.5, 0.25)),
                     ] {
-                        {
-                            let p = dense_problem(pool, dt, &dims, layout, data, ab);
-                            let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
-                            let b = pooling_backward_kernel(h, &p.pool, &p.x, &p.y, &p.y, &p.x)
-                                .unwrap();
-                            assert_eq!(f, format!("{fwd}{dt}"), "forward kernel of {p:?}");
-                            let bwd = bwd.replace("{m}", if mode.is_max() { "max" } else { "avg" });
-                            assert_eq!(b, format!("{bwd}{dt}"), "backward kernel of {p:?}");
-                            check_forward(h, &p);
-                            check_backward(h, &p);
+                        let p = dense_problem(pool, dt, dims, layout, data, ab);
+                        let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                        assert_eq!(f, format!("{fwd}{dt}"), "forward kernel of {p:?}");
+                        check_forward(h, &p);
+                        check_backward(h, &p, None);
+                        for algo in PoolingBwdAlgo::ALL {
+                            let applies = match algo {
+                                PoolingBwdAlgo::Gather => true,
+                                // Cells of at most 8 elements (global strides count as 1).
+                                PoolingBwdAlgo::Cell => global || cell <= 8,
+                                // Max, with one cell's windows in 32 KB of shared memory.
+                                PoolingBwdAlgo::Tile => mode.is_max() && (volume <= 64 || !global),
+                            };
+                            let b = pooling_backward_kernel(
+                                h,
+                                Some(algo),
+                                &p.pool,
+                                &p.x,
+                                &p.y,
+                                &p.y,
+                                &p.x,
+                            );
+                            if !applies {
+                                assert!(
+                                    matches!(b, Err(Error::NotSupported { .. })),
+                                    "{algo:?} on {p:?}: {b:?}"
+                                );
+                                continue;
+                            }
+                            let b = b.unwrap();
+                            let family = format!("{algo:?}").to_lowercase();
+                            let m = if mode.is_max() { "max" } else { "avg" };
+                            let want = if vec {
+                                format!("pooling_bwd_{family}_vec_{m}_{dt}")
+                            } else {
+                                format!("pooling_bwd_{family}_{m}_{dt}")
+                            };
+                            assert_eq!(b, want, "backward kernel of {p:?}");
+                            check_backward(h, &p, Some(algo));
                         }
                     }
                 }
@@ -771,20 +807,20 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F32,
                 Layout::ChannelsFirst,
                 "pooling_fwd_window_f32",
-                "pooling_bwd_cell_max_f32",
+                "pooling_bwd_tile_max_f32",
             ),
             (
                 DataType::F16,
                 Layout::ChannelsLast,
                 "pooling_fwd_window_vec_f16",
-                "pooling_bwd_cell_vec_max_f16",
+                "pooling_bwd_tile_vec_max_f16",
             ),
         ] {
             let x = TensorDescriptor::spatial(dt, 32, 64, &[112, 112], layout).unwrap();
             let y = pooled(&stem, &x, layout);
             assert_eq!(pooling_forward_kernel(h, &stem, &x, &y).unwrap(), fwd);
             assert_eq!(
-                pooling_backward_kernel(h, &stem, &x, &y, &y, &x).unwrap(),
+                pooling_backward_kernel(h, None, &stem, &x, &y, &y, &x).unwrap(),
                 bwd
             );
         }

@@ -13,10 +13,12 @@
 //!
 //! Backward, `dx = alpha * grad + beta * dx`, deterministic: each dx element is written by
 //! one thread, which adds its windows' contributions in a fixed order (no atomics):
-//! - `pooling_bwd_window_*` (and `_vec_`): a thread per dx element (or channel vector),
+//! - `pooling_bwd_gather_*` (and `_vec_`): a thread per dx element (or channel vector),
 //!   gathering over the windows that contain it.
 //! - `pooling_bwd_cell_*` (and `_vec_`): a thread per cell, the stride-sized block of dx
 //!   elements aligned to the window starts, visiting each window that overlaps it once.
+//! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
+//!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //!
 //! Max: the forward value is the window's maximum, NaN skipped or propagated as
 //! `propagate_nan` says; the backward sends a window's dy to the window's first element in
@@ -26,8 +28,9 @@
 
 use crate::activation::blend;
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, global_thread_x, grid_dim_x, grid_stride, group_reduce,
-    lane_id, max_ignore_nan, max_propagate_nan, shfl_xor_f32, sync_threads, thread_idx_x,
+    block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, grid_stride,
+    group_reduce, lane_id, ld_shared_u32, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
+    st_shared_u32, sync_threads, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -224,8 +227,11 @@ unsafe fn store_blended<T: Element, const K: usize>(w: &PoolWindow, p: *mut T, v
     store::<T, K>(p, out);
 }
 
-/// Calls `f(values, [d, h, w])` for the in-bounds elements of window `o` in scan order.
-/// Loads go four at a time (two vectors), so each thread has several in flight.
+/// Calls `f(values, [d, h, w], valid)` for the in-bounds elements of window `o` in scan
+/// order, a row at a time in chunks of four elements (two vectors): the chunk's loads are
+/// issued together and unconditionally (past the row's end they re-read its last element),
+/// so the code has no branches per element and each thread several loads in flight.
+/// Calls for the positions past the row's end have `valid == false` and values `fill`.
 ///
 /// # Safety
 /// Every in-bounds element at `x + base + spatial_offset(strides, ..)` is readable.
@@ -236,27 +242,29 @@ unsafe fn scan_window<T: Element, const K: usize>(
     strides: &[u32; 5],
     base: u32,
     o: [u32; 3],
-    mut f: impl FnMut([f32; K], [u32; 3]),
+    fill: f32,
+    mut f: impl FnMut([f32; K], [u32; 3], bool),
 ) {
     let (d0, d1) = span(w, 0, o[0]);
     let (h0, h1) = span(w, 1, o[1]);
     let (w0, w1) = span(w, 2, o[2]);
+    let chunk = if K == 1 { 4 } else { 2 };
     for d in d0..d1 {
         for h in h0..h1 {
             let row = base + d * strides[2] + h * strides[3];
-            let chunk = if K == 1 { 4 } else { 2 };
             let mut c = w0;
             while c < w1 {
                 let mut v = [[0.0f32; K]; 4];
                 crate::unroll!(j in [0, 1, 2, 3] {
-                    if j < chunk && c + (j as u32) < w1 {
-                        let at = row + (c + j as u32) * strides[4];
-                        v[j] = load::<T, K>(x.add(at as usize));
+                    if j < chunk {
+                        let col = if c + (j as u32) < w1 { c + j as u32 } else { w1 - 1 };
+                        v[j] = load::<T, K>(x.add((row + col * strides[4]) as usize));
                     }
                 });
                 crate::unroll!(j in [0, 1, 2, 3] {
-                    if j < chunk && c + (j as u32) < w1 {
-                        f(v[j], [d, h, c + j as u32]);
+                    if j < chunk {
+                        let valid = c + (j as u32) < w1;
+                        f(if valid { v[j] } else { [fill; K] }, [d, h, c + j as u32], valid);
                     }
                 });
                 c += chunk as u32;
@@ -281,7 +289,8 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
         let PoolCoord { n, c, s } = p.items.at(i as u32);
         let c = c * K as u32;
         let mut acc = [identity::<OP>(); K];
-        scan_window::<T, K>(w, x, &p.x, row_offset(&p.x, n, c), s, |v, _| {
+        let base = row_offset(&p.x, n, c);
+        scan_window::<T, K>(w, x, &p.x, base, s, identity::<OP>(), |v, _, _| {
             for k in 0..K {
                 acc[k] = combine::<OP>(acc[k], v[k]);
             }
@@ -311,8 +320,7 @@ unsafe fn write_global<T: Element, const OP: u32>(
     T::store(yp, blend(p.alpha, v, p.beta, || T::load(yp)));
 }
 
-/// Reduces elements `first, first + step, ..` below `p.len` of the row at `base`, four
-/// loads in flight.
+/// Reduces elements `first, first + step, ..` below `p.len` of the row at `base`.
 #[inline(always)]
 unsafe fn reduce_row<T: Element, const OP: u32>(
     p: &PoolingGlobalParams,
@@ -321,24 +329,21 @@ unsafe fn reduce_row<T: Element, const OP: u32>(
     first: u32,
     step: u32,
 ) -> f32 {
-    let load = |r: u32| T::load(x.add((base + r * p.red_stride) as usize));
     let mut acc = [identity::<OP>(); 4];
     let mut r = first;
-    while r + 3 * step < p.len {
-        let v = [
-            load(r),
-            load(r + step),
-            load(r + 2 * step),
-            load(r + 3 * step),
-        ];
+    while r < p.len {
+        // Four loads in flight (those past the end skipped), then their combination.
+        let mut v = [identity::<OP>(); 4];
+        crate::unroll!(j in [0, 1, 2, 3] {
+            let at = r + j as u32 * step;
+            if at < p.len {
+                v[j] = T::load(x.add((base + at * p.red_stride) as usize));
+            }
+        });
         for j in 0..4 {
             acc[j] = combine::<OP>(acc[j], v[j]);
         }
         r += 4 * step;
-    }
-    while r < p.len {
-        acc[0] = combine::<OP>(acc[0], load(r));
-        r += step;
     }
     combine::<OP>(combine::<OP>(acc[0], acc[1]), combine::<OP>(acc[2], acc[3]))
 }
@@ -450,7 +455,7 @@ unsafe fn fwd_global_vec<T: Element, const K: usize, const OP: u32>(
 /// A thread per dx element (`K = 1`) or vector of `K` channels, gathering over the windows
 /// that contain it.
 #[inline(always)]
-unsafe fn bwd_window<T: Element, const K: usize, const OP: u32>(
+unsafe fn bwd_gather<T: Element, const K: usize, const OP: u32>(
     p: &PoolingBwdParams,
     x: *const T,
     y: *const T,
@@ -624,9 +629,9 @@ unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
                     let yv = load::<T, K>(y.add((y_row + spatial_offset(&p.y, o)) as usize));
                     let mut found = [false; K];
                     let mut winner = [[0u32; 3]; K];
-                    scan_window::<T, K>(w, x, &p.x, x_row, o, |v, at| {
+                    scan_window::<T, K>(w, x, &p.x, x_row, o, 0.0, |v, at, valid| {
                         for k in 0..K {
-                            if !found[k] && same_value(v[k], yv[k]) {
+                            if valid && !found[k] && same_value(v[k], yv[k]) {
                                 found[k] = true;
                                 winner[k] = at;
                             }
@@ -673,6 +678,142 @@ unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
             }
         });
     })
+}
+
+/// Max backward through shared memory: a block takes a tile of cells of one image and run
+/// of channel vectors (see `PoolTile`). First every window overlapping the tile finds, once,
+/// the element that takes its gradient (its first element equal to its y), kept in shared
+/// memory with its dy; then every dx element of the tile adds the dy of the windows it won.
+#[inline(always)]
+unsafe fn bwd_tile_max<T: Element, const K: usize>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    let tile = &p.tile;
+    let vectors = tile.vectors.divisor;
+    let winners = dynamic_smem();
+    let grads = winners + 4 * tile.window_count * vectors * K as u32;
+    let (q, tw) = tile.count[2].div_rem(block_idx_x());
+    let (q, th) = tile.count[1].div_rem(q);
+    let (q, td) = tile.count[0].div_rem(q);
+    let (n, vb) = tile.vector_blocks.div_rem(q);
+    let t = [td, th, tw];
+    // The tile's first cell, and its first window (negative: before window 0), per dim.
+    let mut first_cell = [0u32; 3];
+    let mut first_window = [0i32; 3];
+    crate::unroll!(k in [0, 1, 2] {
+        first_cell[k] = t[k] * tile.cells[k];
+        first_window[k] = first_cell[k] as i32 - (p.windows_per_cell[k] - 1) as i32;
+    });
+    let linear = |s: [u32; 3]| (s[0] * w.input[1] + s[1]) * w.input[2] + s[2];
+
+    let mut i = thread_idx_x();
+    while i < tile.window_count * vectors {
+        let (wi, v) = tile.vectors.div_rem(i);
+        let (q, ow) = tile.windows[2].div_rem(wi);
+        let (od, oh) = tile.windows[1].div_rem(q);
+        let o = [
+            first_window[0] + od as i32,
+            first_window[1] + oh as i32,
+            first_window[2] + ow as i32,
+        ];
+        let vector = vb * vectors + v;
+        let mut inside = vector < tile.channel_vectors;
+        crate::unroll!(k in [0, 1, 2] {
+            inside &= o[k] >= 0 && (o[k] as u32) < w.output[k];
+        });
+        let mut winner = [u32::MAX; K];
+        let mut g = [0.0f32; K];
+        if inside {
+            let o = [o[0] as u32, o[1] as u32, o[2] as u32];
+            let c = vector * K as u32;
+            let at_y = row_offset(&p.y, n, c) + spatial_offset(&p.y, o);
+            let yv = load::<T, K>(y.add(at_y as usize));
+            let mut found = [false; K];
+            let mut at = [[0u32; 3]; K];
+            let base = row_offset(&p.x, n, c);
+            scan_window::<T, K>(w, x, &p.x, base, o, 0.0, |v, s, valid| {
+                for k in 0..K {
+                    if valid && !found[k] && same_value(v[k], yv[k]) {
+                        found[k] = true;
+                        at[k] = s;
+                    }
+                }
+            });
+            for k in 0..K {
+                if found[k] {
+                    winner[k] = linear(at[k]);
+                }
+            }
+            let at_dy = row_offset(&p.dy, n, c) + spatial_offset(&p.dy, o);
+            g = load::<T, K>(dy.add(at_dy as usize));
+        }
+        // SAFETY: slot i * K + k < window_count * vectors * K, the size of both arrays the
+        // host allocated; each slot is written by one thread, read after the barrier.
+        for k in 0..K {
+            let slot = 4 * (i * K as u32 + k as u32);
+            st_shared_u32(winners + slot, winner[k]);
+            st_shared_u32(grads + slot, g[k].to_bits());
+        }
+        i += block_dim_x();
+    }
+    sync_threads();
+
+    let mut e = thread_idx_x();
+    while e < tile.element_count * vectors {
+        let (ei, v) = tile.vectors.div_rem(e);
+        let (q, ew) = tile.elements[2].div_rem(ei);
+        let (ed, eh) = tile.elements[1].div_rem(q);
+        let rel = [ed, eh, ew];
+        let vector = vb * vectors + v;
+        let mut inside = vector < tile.channel_vectors;
+        let mut s = [0u32; 3];
+        crate::unroll!(k in [0, 1, 2] {
+            let at = (first_cell[k] * w.stride[k] + rel[k]) as i32 - w.pad[k] as i32;
+            inside &= at >= 0 && (at as u32) < w.input[k];
+            s[k] = at as u32;
+        });
+        if inside {
+            let me = linear(s);
+            // Windows first[k]..last[k] contain s[k] (all among the tile's windows).
+            let mut first = [0u32; 3];
+            let mut last = [0u32; 3];
+            crate::unroll!(k in [0, 1, 2] {
+                let t = s[k] + w.pad[k];
+                first[k] = if t >= w.window[k] { p.stride_div[k].div(t - w.window[k]) + 1 } else { 0 };
+                let end = p.stride_div[k].div(t) + 1;
+                last[k] = if end < w.output[k] { end } else { w.output[k] };
+            });
+            let mut acc = [0.0f32; K];
+            for od in first[0]..last[0] {
+                for oh in first[1]..last[1] {
+                    for ow in first[2]..last[2] {
+                        let local = ((od as i32 - first_window[0]) as u32
+                            * tile.windows[1].divisor
+                            + (oh as i32 - first_window[1]) as u32)
+                            * tile.windows[2].divisor
+                            + (ow as i32 - first_window[2]) as u32;
+                        let base = (local * vectors + v) * K as u32;
+                        for k in 0..K {
+                            let slot = 4 * (base + k as u32);
+                            // SAFETY: written in the first phase, before the barrier.
+                            if ld_shared_u32(winners + slot) == me {
+                                acc[k] += f32::from_bits(ld_shared_u32(grads + slot));
+                            }
+                        }
+                    }
+                }
+            }
+            let c = vector * K as u32;
+            let at = row_offset(&p.dx, n, c) + spatial_offset(&p.dx, s);
+            store_blended::<T, K>(w, dx.add(at as usize), acc);
+        }
+        e += block_dim_x();
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -723,38 +864,56 @@ macro_rules! pooling_entry_points {
             /// # Safety
             /// The pointers cover the tensors `p` describes; dx's offsets are distinct.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_window_max_ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_max_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                bwd_window::<$T, 1, MAX_IGNORE_NAN>(&p, x, y, dy, dx)
+                bwd_gather::<$T, 1, MAX_IGNORE_NAN>(&p, x, y, dy, dx)
             }
             /// # Safety
-            /// As `pooling_bwd_window_max_*` (x and y are not read).
+            /// As `pooling_bwd_gather_max_*` (x and y are not read).
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_window_avg_ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_avg_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                bwd_window::<$T, 1, AVG>(&p, x, y, dy, dx)
+                bwd_gather::<$T, 1, AVG>(&p, x, y, dy, dx)
             }
             /// # Safety
-            /// As `pooling_bwd_window_max_*`; every operand channel-contiguous as for
+            /// As `pooling_bwd_gather_max_*`; every operand channel-contiguous as for
             /// `pooling_fwd_window_vec_*`.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_window_vec_max_ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_vec_max_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                with_vector!($T, |K| bwd_window::<$T, K, MAX_IGNORE_NAN>(&p, x, y, dy, dx))
+                with_vector!($T, |K| bwd_gather::<$T, K, MAX_IGNORE_NAN>(&p, x, y, dy, dx))
             }
             /// # Safety
-            /// As `pooling_bwd_window_vec_max_*` (x and y are not read).
+            /// As `pooling_bwd_gather_vec_max_*` (x and y are not read).
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_window_vec_avg_ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_vec_avg_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                with_vector!($T, |K| bwd_window::<$T, K, AVG>(&p, x, y, dy, dx))
+                with_vector!($T, |K| bwd_gather::<$T, K, AVG>(&p, x, y, dy, dx))
             }
             /// # Safety
-            /// As `pooling_bwd_window_max_*`; `items` counts cells.
+            /// As `pooling_bwd_gather_max_*`; one block per tile (`p.tile`), 256 threads,
+            /// `p.tile.shared_bytes(1)` bytes of dynamic shared memory.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_tile_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_tile_max::<$T, 1>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_tile_max_*` with `p.tile.shared_bytes(16 / size)` bytes, and
+            /// every operand channel-contiguous as for `pooling_fwd_window_vec_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_tile_vec_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                with_vector!($T, |K| bwd_tile_max::<$T, K>(&p, x, y, dy, dx))
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_max_*`; `items` counts cells.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_max_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,

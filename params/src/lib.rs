@@ -19,8 +19,8 @@ pub use matmul::{
     MATMUL_RASTER_GROUP, MMA_BK_BYTES,
 };
 pub use pooling::{
-    PoolCoord, PoolItems, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams,
-    PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
+    PoolCoord, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
 };
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).

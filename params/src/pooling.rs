@@ -151,14 +151,48 @@ pub struct PoolingGlobalParams {
     pub y_c: u32,
 }
 
+/// The tile of a `pooling_bwd_tile_max_*` block: the block takes image `n`, channel
+/// vectors `vb * vectors ..` (at most `vectors`, of `channel_vectors`) and the cells
+/// `t * cells ..` per spatial dim, where the block index counts `(n, vb, td, th, tw)`
+/// row-major (`count` tiles per dim, `vector_blocks` channel-vector blocks). Its first
+/// phase finds the winner of each of the `windows[k] = cells[k] + windows_per_cell[k] - 1`
+/// windows per dim that overlap the tile (from window `t * cells - windows_per_cell + 1`),
+/// its second gathers them into the `elements[k] = cells[k] * stride[k]` dx elements per
+/// dim. Dynamic shared memory: `window_count * vectors * K` u32 winners (each the linear
+/// spatial index of the window's element that takes its gradient, or `u32::MAX`), then as
+/// many f32 gradients.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolTile {
+    pub cells: [u32; 3],
+    pub count: [FastDivisor; 3],
+    pub windows: [FastDivisor; 3],
+    pub elements: [FastDivisor; 3],
+    pub vectors: FastDivisor,
+    pub vector_blocks: FastDivisor,
+    pub channel_vectors: u32,
+    pub window_count: u32,
+    pub element_count: u32,
+}
+
+impl PoolTile {
+    /// Bytes of dynamic shared memory a block needs, for `k` channels per vector.
+    pub const fn shared_bytes(&self, k: u32) -> u32 {
+        self.window_count * self.vectors.divisor * k * 8
+    }
+}
+
 /// Parameters of the backward kernels: `dx = alpha * grad + beta * dx`, where `grad` of an
 /// element sums, over the windows that contain it, `dy / count` (average; count = volume
 /// when padding is included, else the window's in-bounds elements) or `dy` where the
 /// element is the window's first element in scan order (d, then h, then w) equal to the
 /// window's `y` (max; NaN equals NaN).
 ///
-/// `pooling_bwd_window_*` (and `_vec_`): one thread per dx element (or channel vector),
+/// `pooling_bwd_gather_*` (and `_vec_`): one thread per dx element (or channel vector),
 /// gathering over the windows that contain it; `items` over dx's dims.
+///
+/// `pooling_bwd_tile_max_*` (and `_vec_`): a block per tile of cells (see [`PoolTile`]),
+/// windows through shared memory.
 ///
 /// `pooling_bwd_cell_*` (and `_vec_`): one thread per *cell*: the `stride[0] x stride[1] x
 /// stride[2]` block of dx elements from `cell * stride - pad` (cells tile the input
@@ -175,6 +209,7 @@ pub struct PoolingBwdParams {
     pub windows_per_cell: [u32; 3],
     pub cell_len: u32,
     pub cell_slots: [u32; POOLING_MAX_CELL],
+    pub tile: PoolTile,
     /// Strides over `[n, c, d, h, w]`.
     pub x: [u32; 5],
     pub y: [u32; 5],

@@ -49,8 +49,8 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    FastDivisor, PoolItems, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams,
-    PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
+    FastDivisor, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -331,6 +331,83 @@ pub fn pooling_backward(
     dx_desc: &TensorDescriptor,
     dx: &mut Buffer,
 ) -> Result<()> {
+    backward(
+        handle, None, pooling, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx,
+    )
+}
+
+/// The backward algorithms of the GPU. [`pooling_backward`] picks one; benches and tests
+/// may force one through [`pooling_backward_with`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolingBwdAlgo {
+    /// A thread per dx element (or channel vector) gathering over the windows that contain
+    /// it. Any problem.
+    Gather,
+    /// A thread per cell (the stride-sized block of dx elements at a window start), each
+    /// overlapping window visited once. Cells of at most `POOLING_MAX_CELL` elements.
+    Cell,
+    /// Max only: a block per tile of cells; each overlapping window's winner is found once,
+    /// into shared memory, then gathered by the tile's dx elements.
+    Tile,
+}
+
+impl PoolingBwdAlgo {
+    pub const ALL: [PoolingBwdAlgo; 3] = [Self::Gather, Self::Cell, Self::Tile];
+}
+
+/// [`pooling_backward`] with the GPU algorithm forced (`NotSupported` where it does not
+/// apply); the CPU handle ignores it.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn pooling_backward_with(
+    handle: &Handle,
+    algo: PoolingBwdAlgo,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    y_desc: &TensorDescriptor,
+    y: &Buffer,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+) -> Result<()> {
+    backward(
+        handle,
+        Some(algo),
+        pooling,
+        alpha,
+        y_desc,
+        y,
+        dy_desc,
+        dy,
+        x_desc,
+        x,
+        beta,
+        dx_desc,
+        dx,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    handle: &Handle,
+    algo: Option<PoolingBwdAlgo>,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    y_desc: &TensorDescriptor,
+    y: &Buffer,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+) -> Result<()> {
     let g = Geometry::new(pooling, x_desc)?;
     check_pooled("y_desc", &g, x_desc, y_desc)?;
     check_pooled("dy_desc", &g, x_desc, dy_desc)?;
@@ -367,7 +444,7 @@ pub fn pooling_backward(
                 .iter()
                 .all(|b| b.device_address().is_some_and(|a| a % 16 == 0));
             let descs = [x_desc, y_desc, dy_desc, dx_desc];
-            let plan = backward_plan(pooling, &g, descs, aligned, gpu.sm_count)?;
+            let plan = backward_plan(pooling, &g, descs, aligned, gpu.sm_count, algo)?;
             let win = g.window_params(pooling, alpha32, beta32);
             let ptrs = [
                 device_ptr(gpu, x)?,
@@ -396,11 +473,12 @@ pub fn pooling_forward_kernel(
     Ok(forward_plan(pooling, &g, x_desc, y_desc, true, sm_count)?.kernel)
 }
 
-/// The kernel [`pooling_backward`] runs for these descriptors (as
-/// [`pooling_forward_kernel`]).
+/// The kernel [`pooling_backward`] (or, with `algo`, [`pooling_backward_with`]) runs for
+/// these descriptors (as [`pooling_forward_kernel`]).
 #[doc(hidden)]
 pub fn pooling_backward_kernel(
     handle: &Handle,
+    algo: Option<PoolingBwdAlgo>,
     pooling: &PoolingDescriptor,
     x_desc: &TensorDescriptor,
     y_desc: &TensorDescriptor,
@@ -412,7 +490,7 @@ pub fn pooling_backward_kernel(
     check_pooled("dy_desc", &g, x_desc, dy_desc)?;
     let sm_count = gpu_of(handle)?.sm_count;
     let descs = [x_desc, y_desc, dy_desc, dx_desc];
-    Ok(backward_plan(pooling, &g, descs, true, sm_count)?.kernel)
+    Ok(backward_plan(pooling, &g, descs, true, sm_count, algo)?.kernel)
 }
 
 fn gpu_of(handle: &Handle) -> Result<&Gpu> {
@@ -779,21 +857,90 @@ fn launch_forward(
 
 struct BackwardPlan {
     kernel: &'static str,
+    algo: PoolingBwdAlgo,
     items: PoolItems,
-    cell: bool,
+    tile: PoolTile,
     cfg: LaunchConfig,
 }
 
-/// Whether a cell kernel (each window visited once per cell it overlaps) beats the
-/// gather kernel (each window visited once per element it holds): cells of at most
-/// `POOLING_MAX_CELL` elements, and for max (whose cell kernel scans every overlapping
-/// window) no more than 16 loads of x per dx element.
-fn use_cells(pooling: &PoolingDescriptor, g: &Geometry) -> bool {
-    let cell: usize = g.stride.iter().product();
-    let windows: usize = (0..3)
-        .map(|k| g.window[k].div_ceil(g.stride[k]).min(g.output[k]))
-        .product();
-    cell <= POOLING_MAX_CELL && (!pooling.mode.is_max() || windows * g.volume() <= 16 * cell)
+/// Elements of a cell: the product of the (normalised) strides.
+fn cell_len(g: &Geometry) -> usize {
+    g.stride.iter().product()
+}
+
+/// Windows per dim that overlap one cell: `ceil(window / stride)`.
+fn windows_per_cell(g: &Geometry) -> [usize; 3] {
+    std::array::from_fn(|k| g.window[k].div_ceil(g.stride[k]))
+}
+
+/// Cells per dim: cells tile the input from the first window's start, so the last input
+/// is in cell `(in - 1 + pad) / stride`.
+fn cells(g: &Geometry) -> [usize; 3] {
+    std::array::from_fn(|k| (g.input[k] - 1 + g.pad[k]) / g.stride[k] + 1)
+}
+
+/// The algorithm [`pooling_backward`] runs: max through shared-memory tiles where windows
+/// are small enough to scan once each (64 elements), average by cells where they are small
+/// enough (`POOLING_MAX_CELL` elements); otherwise, and for global pooling, the gather.
+fn default_algo(pooling: &PoolingDescriptor, g: &Geometry) -> PoolingBwdAlgo {
+    if pooling.mode.is_max() {
+        if !g.is_global() && g.volume() <= 64 {
+            return PoolingBwdAlgo::Tile;
+        }
+    } else if cell_len(g) <= POOLING_MAX_CELL {
+        return PoolingBwdAlgo::Cell;
+    }
+    PoolingBwdAlgo::Gather
+}
+
+/// Most dynamic shared memory a tile takes (below the 48 KB a launch may use unasked).
+const TILE_MAX_SHARED_BYTES: usize = 32 << 10;
+/// Most cells a tile holds (times its channel vectors).
+const TILE_MAX_CELLS: usize = 256;
+
+/// The tile of the shared-memory max backward for `vectors` (of `channel_vectors`) channel
+/// vectors of `k` channels per block: grown from one cell by doubling the dim whose
+/// windows overlap the tile most (preferring w, then h), while the cells and the shared
+/// memory fit. `None` if even one cell's windows do not fit.
+fn tile_plan(g: &Geometry, channel_vectors: usize, k: usize) -> Option<PoolTile> {
+    let (cells, wpc) = (cells(g), windows_per_cell(g));
+    let vectors = channel_vectors.min(8);
+    let shared = |t: &[usize; 3]| -> usize {
+        (0..3).map(|d| t[d] + wpc[d] - 1).product::<usize>() * vectors * k * 8
+    };
+    let mut t = [1usize; 3];
+    if shared(&t) > TILE_MAX_SHARED_BYTES {
+        return None;
+    }
+    loop {
+        let overhead = |d: usize| (t[d] + wpc[d] - 1) as f64 / t[d] as f64 + 1e-3 * d as f64;
+        let Some(d) = (0..3)
+            .filter(|&d| t[d] < cells[d] && t[d] < 64)
+            .max_by(|&a, &b| overhead(a).total_cmp(&overhead(b)))
+        else {
+            break;
+        };
+        let mut next = t;
+        next[d] = (t[d] * 2).min(cells[d]);
+        if next.iter().product::<usize>() * vectors > TILE_MAX_CELLS
+            || shared(&next) > TILE_MAX_SHARED_BYTES
+        {
+            break;
+        }
+        t = next;
+    }
+    let div = |v: usize| FastDivisor::new(v as u32);
+    Some(PoolTile {
+        cells: t.map(|v| v as u32),
+        count: std::array::from_fn(|d| div(cells[d].div_ceil(t[d]))),
+        windows: std::array::from_fn(|d| div(t[d] + wpc[d] - 1)),
+        elements: std::array::from_fn(|d| div(t[d] * g.stride[d])),
+        vectors: div(vectors),
+        vector_blocks: div(channel_vectors.div_ceil(vectors)),
+        channel_vectors: channel_vectors as u32,
+        window_count: (0..3).map(|d| t[d] + wpc[d] - 1).product::<usize>() as u32,
+        element_count: (0..3).map(|d| t[d] * g.stride[d]).product::<usize>() as u32,
+    })
 }
 
 fn backward_plan(
@@ -802,50 +949,80 @@ fn backward_plan(
     [x_desc, y_desc, dy_desc, dx_desc]: [&TensorDescriptor; 4],
     aligned: bool,
     sm_count: u32,
+    algo: Option<PoolingBwdAlgo>,
 ) -> Result<BackwardPlan> {
     g.check_gpu_limits()?;
     let dtype = x_desc.dtype();
     let max = pooling.mode.is_max();
+    let algo = algo.unwrap_or_else(|| default_algo(pooling, g));
+    match algo {
+        PoolingBwdAlgo::Cell if cell_len(g) > POOLING_MAX_CELL => {
+            return Err(Error::unsupported(format!(
+                "the cell backward for strides {:?} (cells of at most {POOLING_MAX_CELL} elements)",
+                pooling.stride()
+            )))
+        }
+        PoolingBwdAlgo::Tile if !max => {
+            return Err(Error::unsupported("the tile backward of average pooling"))
+        }
+        _ => {}
+    }
     let strides = [x_desc, y_desc, dy_desc, dx_desc]
         .map(strides5)
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
     // Average pooling reads neither x nor y.
     let read = if max { &strides[..] } else { &strides[2..] };
-    let cell = use_cells(pooling, g);
     // Channels per thread: a 16-byte vector, or POOLING_CELL_VECTOR for cells (whose
     // accumulators are a cell's elements times these).
-    let k = if cell {
+    let k = if algo == PoolingBwdAlgo::Cell {
         POOLING_CELL_VECTOR
     } else {
         16 / dtype.size_bytes()
     };
     let vec = aligned && channel_vectors(g.c, k, read);
     let c = if vec { g.c / k } else { g.c };
-    let order = vec || channels_last(&strides[3]);
-    let kernel = match (cell, vec, max) {
-        (true, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
-        (true, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
-        (true, false, true) => kernels::pooling_bwd_cell_max(dtype),
-        (true, false, false) => kernels::pooling_bwd_cell_avg(dtype),
-        (false, true, true) => kernels::pooling_bwd_window_vec_max(dtype),
-        (false, true, false) => kernels::pooling_bwd_window_vec_avg(dtype),
-        (false, false, true) => kernels::pooling_bwd_window_max(dtype),
-        (false, false, false) => kernels::pooling_bwd_window_avg(dtype),
+    use PoolingBwdAlgo::{Cell, Gather, Tile};
+    let kernel = match (algo, vec, max) {
+        (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
+        (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
+        (Cell, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
+        (Cell, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
+        (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
+        (Cell, false, false) => kernels::pooling_bwd_cell_avg(dtype),
+        (Gather, true, true) => kernels::pooling_bwd_gather_vec_max(dtype),
+        (Gather, true, false) => kernels::pooling_bwd_gather_vec_avg(dtype),
+        (Gather, false, true) => kernels::pooling_bwd_gather_max(dtype),
+        (Gather, false, false) => kernels::pooling_bwd_gather_avg(dtype),
     }
     .ok_or_else(|| unsupported("backward", dtype))?;
-    let [d, h, w] = if cell {
-        // Cells tile the input from the first window's start: the last input is in cell
-        // (in - 1 + pad) / stride.
-        std::array::from_fn(|k| (g.input[k] - 1 + g.pad[k]) / g.stride[k] + 1)
-    } else {
-        g.input
-    };
-    let items = items([g.n, c, d, h, w], order)?;
+    if algo == Tile {
+        let tile = tile_plan(g, c, if vec { k } else { 1 }).ok_or_else(|| {
+            Error::unsupported(format!(
+                "the tile backward for windows {:?} with strides {:?} (too many windows per tile)",
+                pooling.window(),
+                pooling.stride()
+            ))
+        })?;
+        let blocks = (g.n * tile.vector_blocks.divisor as usize) as u64
+            * tile.count.iter().map(|d| d.divisor as u64).product::<u64>();
+        let mut cfg = LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?;
+        cfg.shared_bytes = tile.shared_bytes(if vec { k as u32 } else { 1 });
+        return Ok(BackwardPlan {
+            kernel,
+            algo,
+            items: PoolItems::default(),
+            tile,
+            cfg,
+        });
+    }
+    let [d, h, w] = if algo == Cell { cells(g) } else { g.input };
+    let items = items([g.n, c, d, h, w], vec || channels_last(&strides[3]))?;
     Ok(BackwardPlan {
         kernel,
+        algo,
         items,
-        cell,
+        tile: PoolTile::default(),
         cfg: grid_stride_config(items.len as u64, sm_count)?,
     })
 }
@@ -862,15 +1039,16 @@ fn launch_backward(
         win,
         items: plan.items,
         stride_div: g.stride.map(|s| FastDivisor::new(s as u32)),
-        windows_per_cell: std::array::from_fn(|k| g.window[k].div_ceil(g.stride[k]) as u32),
+        windows_per_cell: windows_per_cell(g).map(|v| v as u32),
         cell_len: 0,
         cell_slots: [0; POOLING_MAX_CELL],
+        tile: plan.tile,
         x: strides5(x_desc)?,
         y: strides5(y_desc)?,
         dy: strides5(dy_desc)?,
         dx: strides5(dx_desc)?,
     };
-    if plan.cell {
+    if plan.algo == PoolingBwdAlgo::Cell {
         let [sd, sh, sw] = g.stride;
         let mut j = 0;
         for d in 0..sd {
