@@ -531,7 +531,8 @@ fn output_bytes(b: &Bench, p: &Problem, dir: Direction, set: &mut Set) -> Res<Ve
     Ok(bytes)
 }
 
-fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Row {
+/// Checks and times one row; `None` for a forced backward algorithm that does not apply.
+fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Option<Row> {
     let p = &g.p;
     let mut row = Row {
         dir,
@@ -559,9 +560,10 @@ fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Row {
     };
     match kernel {
         Ok(k) => row.notes.push(format!("oxidnn kernel {k}")),
+        Err(oxidnn::Error::NotSupported { .. }) if dir != Direction::Backward(None) => return None,
         Err(e) => {
             row.notes.push(format!("oxidnn: {e}"));
-            return row;
+            return Some(row);
         }
     }
     let cu = match (&b.cudnn, &g.cudnn) {
@@ -600,7 +602,7 @@ fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Row {
     };
     row.check = Check::compare(&ox_out, cu_out.as_ref(), p.dtype(), tolerance);
     if sides.is_empty() {
-        return row;
+        return Some(row);
     }
     let count = g.sets.len();
     let timed = b
@@ -628,7 +630,7 @@ fn run_row(b: &Bench, g: &mut Group, dir: Direction) -> Row {
         }
         Err(e) => row.notes.push(format!("timing failed: {e}")),
     }
-    row
+    Some(row)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -876,7 +878,9 @@ fn run() -> Res<()> {
                 }
             };
             for dir in dirs {
-                report.add(run_row(&bench, &mut group, dir));
+                if let Some(row) = run_row(&bench, &mut group, dir) {
+                    report.add(row);
+                }
             }
             // Outstanding work must finish before the buffers are freed.
             bench.timer.synchronize()?;

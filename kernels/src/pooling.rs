@@ -107,10 +107,10 @@ fn combine<const OP: u32>(a: f32, b: f32) -> f32 {
     }
 }
 
-/// Whether `v` is the window's `y` (NaN equals NaN).
+/// Whether `v` is the window's `y` (NaN equals NaN). Evaluated without branches.
 #[inline(always)]
 fn same_value(v: f32, y: f32) -> bool {
-    v == y || (v != v && y != y)
+    (v == y) | ((v != v) & (y != y))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -227,11 +227,13 @@ unsafe fn store_blended<T: Element, const K: usize>(w: &PoolWindow, p: *mut T, v
     store::<T, K>(p, out);
 }
 
-/// Calls `f(values, [d, h, w], valid)` for the in-bounds elements of window `o` in scan
-/// order, a row at a time in chunks of four elements (two vectors): the chunk's loads are
-/// issued together and unconditionally (past the row's end they re-read its last element),
-/// so the code has no branches per element and each thread several loads in flight.
-/// Calls for the positions past the row's end have `valid == false` and values `fill`.
+/// Calls `f(values, index, valid)` for the in-bounds elements of window `o` in scan order,
+/// `index` being the element's linear spatial index `(d * H + h) * W + w` (which grows in
+/// scan order), a row at a time in chunks of four elements (two vectors): the chunk's
+/// loads are issued together and unconditionally (past the row's end they re-read its last
+/// element), so the code has no branches per element and each thread several loads in
+/// flight. Calls for the positions past the row's end have `valid == false` and values
+/// `fill`.
 ///
 /// # Safety
 /// Every in-bounds element at `x + base + spatial_offset(strides, ..)` is readable.
@@ -243,7 +245,7 @@ unsafe fn scan_window<T: Element, const K: usize>(
     base: u32,
     o: [u32; 3],
     fill: f32,
-    mut f: impl FnMut([f32; K], [u32; 3], bool),
+    mut f: impl FnMut([f32; K], u32, bool),
 ) {
     let (d0, d1) = span(w, 0, o[0]);
     let (h0, h1) = span(w, 1, o[1]);
@@ -252,6 +254,7 @@ unsafe fn scan_window<T: Element, const K: usize>(
     for d in d0..d1 {
         for h in h0..h1 {
             let row = base + d * strides[2] + h * strides[3];
+            let row_index = (d * w.input[1] + h) * w.input[2];
             let mut c = w0;
             while c < w1 {
                 let mut v = [[0.0f32; K]; 4];
@@ -264,13 +267,39 @@ unsafe fn scan_window<T: Element, const K: usize>(
                 crate::unroll!(j in [0, 1, 2, 3] {
                     if j < chunk {
                         let valid = c + (j as u32) < w1;
-                        f(if valid { v[j] } else { [fill; K] }, [d, h, c + j as u32], valid);
+                        let index = row_index + c + j as u32;
+                        f(if valid { v[j] } else { [fill; K] }, index, valid);
                     }
                 });
                 c += chunk as u32;
             }
         }
     }
+}
+
+/// Per channel, the linear spatial index of window `o`'s first element (in scan order) equal
+/// to `yv`, or `u32::MAX` where none is: the smallest index among the matches, a minimum
+/// rather than a search, so that all the window's loads are in flight together.
+///
+/// # Safety
+/// As [`scan_window`].
+#[inline(always)]
+unsafe fn first_match<T: Element, const K: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    yv: [f32; K],
+) -> [u32; K] {
+    let mut first = [u32::MAX; K];
+    scan_window::<T, K>(w, x, strides, base, o, 0.0, |v, index, valid| {
+        for k in 0..K {
+            let hit = valid & same_value(v[k], yv[k]);
+            first[k] = first[k].min(if hit { index } else { u32::MAX });
+        }
+    });
+    first
 }
 
 // ---------------------------------------------------------------------------------------
@@ -627,29 +656,25 @@ unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
                     }
                     // The window's first element equal to its y, per channel.
                     let yv = load::<T, K>(y.add((y_row + spatial_offset(&p.y, o)) as usize));
-                    let mut found = [false; K];
-                    let mut winner = [[0u32; 3]; K];
-                    scan_window::<T, K>(w, x, &p.x, x_row, o, 0.0, |v, at, valid| {
-                        for k in 0..K {
-                            if valid && !found[k] && same_value(v[k], yv[k]) {
-                                found[k] = true;
-                                winner[k] = at;
-                            }
-                        }
-                    });
+                    let first = first_match::<T, K>(w, x, &p.x, x_row, o, yv);
                     crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        if k < K && found[k] {
+                        if k < K && first[k] != u32::MAX {
                             // The winner's place in the cell, if it is in the cell.
+                            let (q, ww) = p.input_hw[1].div_rem(first[k]);
+                            let (wd, wh) = p.input_hw[0].div_rem(q);
                             let r = [
-                                winner[k][0] as i32 - origin[0],
-                                winner[k][1] as i32 - origin[1],
-                                winner[k][2] as i32 - origin[2],
+                                wd as i32 - origin[0],
+                                wh as i32 - origin[1],
+                                ww as i32 - origin[2],
                             ];
-                            let inside = r[0] >= 0 && r[1] >= 0 && r[2] >= 0
+                            let inside = r[0] >= 0
+                                && r[1] >= 0
+                                && r[2] >= 0
                                 && (r[0] as u32) < w.stride[0]
                                 && (r[1] as u32) < w.stride[1]
                                 && (r[2] as u32) < w.stride[2];
-                            let at = ((r[0] as u32 * w.stride[1] + r[1] as u32) * w.stride[2] + r[2] as u32) as usize;
+                            let at = ((r[0] as u32 * w.stride[1] + r[1] as u32) * w.stride[2]
+                                + r[2] as u32) as usize;
                             crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
                                 if inside && at == j {
                                     acc[j][k] += g[k];
@@ -709,7 +734,6 @@ unsafe fn bwd_tile_max<T: Element, const K: usize>(
         first_cell[k] = t[k] * tile.cells[k];
         first_window[k] = first_cell[k] as i32 - (p.windows_per_cell[k] - 1) as i32;
     });
-    let linear = |s: [u32; 3]| (s[0] * w.input[1] + s[1]) * w.input[2] + s[2];
 
     let mut i = thread_idx_x();
     while i < tile.window_count * vectors {
@@ -733,22 +757,7 @@ unsafe fn bwd_tile_max<T: Element, const K: usize>(
             let c = vector * K as u32;
             let at_y = row_offset(&p.y, n, c) + spatial_offset(&p.y, o);
             let yv = load::<T, K>(y.add(at_y as usize));
-            let mut found = [false; K];
-            let mut at = [[0u32; 3]; K];
-            let base = row_offset(&p.x, n, c);
-            scan_window::<T, K>(w, x, &p.x, base, o, 0.0, |v, s, valid| {
-                for k in 0..K {
-                    if valid && !found[k] && same_value(v[k], yv[k]) {
-                        found[k] = true;
-                        at[k] = s;
-                    }
-                }
-            });
-            for k in 0..K {
-                if found[k] {
-                    winner[k] = linear(at[k]);
-                }
-            }
+            winner = first_match::<T, K>(w, x, &p.x, row_offset(&p.x, n, c), o, yv);
             let at_dy = row_offset(&p.dy, n, c) + spatial_offset(&p.dy, o);
             g = load::<T, K>(dy.add(at_dy as usize));
         }
@@ -778,7 +787,7 @@ unsafe fn bwd_tile_max<T: Element, const K: usize>(
             s[k] = at as u32;
         });
         if inside {
-            let me = linear(s);
+            let me = (s[0] * w.input[1] + s[1]) * w.input[2] + s[2];
             // Windows first[k]..last[k] contain s[k] (all among the tile's windows).
             let mut first = [0u32; 3];
             let mut last = [0u32; 3];

@@ -206,6 +206,9 @@ pub struct PoolingBwdParams {
     pub items: PoolItems,
     /// Divides by `win.stride`.
     pub stride_div: [FastDivisor; 3],
+    /// Divide by `win.input[1]` and `win.input[2]` (h and w: linear spatial indices to
+    /// coordinates).
+    pub input_hw: [FastDivisor; 2],
     pub windows_per_cell: [u32; 3],
     pub cell_len: u32,
     pub cell_slots: [u32; POOLING_MAX_CELL],

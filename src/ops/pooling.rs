@@ -879,18 +879,28 @@ fn cells(g: &Geometry) -> [usize; 3] {
     std::array::from_fn(|k| (g.input[k] - 1 + g.pad[k]) / g.stride[k] + 1)
 }
 
-/// The algorithm [`pooling_backward`] runs: max through shared-memory tiles where windows
-/// are small enough to scan once each (64 elements), average by cells where they are small
-/// enough (`POOLING_MAX_CELL` elements); otherwise, and for global pooling, the gather.
-fn default_algo(pooling: &PoolingDescriptor, g: &Geometry) -> PoolingBwdAlgo {
+/// The algorithm [`pooling_backward`] runs (`vectors`: the operands take the 16-byte
+/// channel-vector kernels). Max: shared-memory tiles where windows are small enough to scan
+/// once each (64 elements) and overlap, or hold channel vectors; a thread per cell for
+/// disjoint windows over channels-first data (each cell then meets one window); the
+/// gather for global pooling and larger windows. Average: the gather over channel vectors
+/// and where a cell is one element; cells otherwise.
+fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
+    let cell = cell_len(g);
     if pooling.mode.is_max() {
-        if !g.is_global() && g.volume() <= 64 {
-            return PoolingBwdAlgo::Tile;
+        let overlapping = (0..3).any(|k| g.window[k] > g.stride[k]);
+        if g.is_global() || g.volume() > 64 {
+            PoolingBwdAlgo::Gather
+        } else if !vectors && !overlapping && cell <= POOLING_MAX_CELL {
+            PoolingBwdAlgo::Cell
+        } else {
+            PoolingBwdAlgo::Tile
         }
-    } else if cell_len(g) <= POOLING_MAX_CELL {
-        return PoolingBwdAlgo::Cell;
+    } else if !vectors && (2..=POOLING_MAX_CELL).contains(&cell) {
+        PoolingBwdAlgo::Cell
+    } else {
+        PoolingBwdAlgo::Gather
     }
-    PoolingBwdAlgo::Gather
 }
 
 /// Most dynamic shared memory a tile takes (below the 48 KB a launch may use unasked).
@@ -954,7 +964,14 @@ fn backward_plan(
     g.check_gpu_limits()?;
     let dtype = x_desc.dtype();
     let max = pooling.mode.is_max();
-    let algo = algo.unwrap_or_else(|| default_algo(pooling, g));
+    let strides = [x_desc, y_desc, dy_desc, dx_desc]
+        .map(strides5)
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    // Average pooling reads neither x nor y.
+    let read = if max { &strides[..] } else { &strides[2..] };
+    let vectors = |k: usize| aligned && channel_vectors(g.c, k, read);
+    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors(16 / dtype.size_bytes())));
     match algo {
         PoolingBwdAlgo::Cell if cell_len(g) > POOLING_MAX_CELL => {
             return Err(Error::unsupported(format!(
@@ -967,12 +984,6 @@ fn backward_plan(
         }
         _ => {}
     }
-    let strides = [x_desc, y_desc, dy_desc, dx_desc]
-        .map(strides5)
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
-    // Average pooling reads neither x nor y.
-    let read = if max { &strides[..] } else { &strides[2..] };
     // Channels per thread: a 16-byte vector, or POOLING_CELL_VECTOR for cells (whose
     // accumulators are a cell's elements times these).
     let k = if algo == PoolingBwdAlgo::Cell {
@@ -980,7 +991,7 @@ fn backward_plan(
     } else {
         16 / dtype.size_bytes()
     };
-    let vec = aligned && channel_vectors(g.c, k, read);
+    let vec = vectors(k);
     let c = if vec { g.c / k } else { g.c };
     use PoolingBwdAlgo::{Cell, Gather, Tile};
     let kernel = match (algo, vec, max) {
@@ -1039,6 +1050,7 @@ fn launch_backward(
         win,
         items: plan.items,
         stride_div: g.stride.map(|s| FastDivisor::new(s as u32)),
+        input_hw: [g.input[1], g.input[2]].map(|v| FastDivisor::new(v as u32)),
         windows_per_cell: windows_per_cell(g).map(|v| v as u32),
         cell_len: 0,
         cell_slots: [0; POOLING_MAX_CELL],
