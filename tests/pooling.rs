@@ -807,7 +807,7 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F32,
                 Layout::ChannelsFirst,
                 "pooling_fwd_window_f32",
-                "pooling_bwd_tile_max_f32",
+                "pooling_bwd_cell_max_f32",
             ),
             (
                 DataType::F16,

@@ -19,9 +19,14 @@
 //! - **Average** divides the window's sum by its volume (padding counts as zeros) or by its
 //!   in-bounds element count; the backward spreads `dy` over the window likewise.
 //!
-//! The GPU computes in f32 for every storage type. A window that covers the whole spatial
-//! extent without padding (global pooling) runs a dedicated reduction per `(n, c)`;
-//! channel-contiguous tensors (NHWC) move 16-byte vectors of channels.
+//! The GPU computes in f32 for every storage type. Forward: a thread per output (threads
+//! along the output's w for NCHW); channel-contiguous tensors (NHWC) move 16-byte vectors
+//! of channels; a window that covers the whole spatial extent without padding (global
+//! pooling) runs a dedicated reduction per `(n, c)`. Backward, without atomics: each dx
+//! element is written by one thread, as a gather over the windows containing it, per cell
+//! (the stride-sized block of elements at a window start, each overlapping window visited
+//! once) or, for max over channel vectors, per tile of cells whose windows' winners are
+//! found once into shared memory.
 //!
 //! ```
 //! use oxidnn::*;
@@ -880,18 +885,20 @@ fn cells(g: &Geometry) -> [usize; 3] {
 }
 
 /// The algorithm [`pooling_backward`] runs (`vectors`: the operands take the 16-byte
-/// channel-vector kernels). Max: shared-memory tiles where windows are small enough to scan
-/// once each (64 elements) and overlap, or hold channel vectors; a thread per cell for
-/// disjoint windows over channels-first data (each cell then meets one window); the
-/// gather for global pooling and larger windows. Average: the gather over channel vectors
-/// and where a cell is one element; cells otherwise.
+/// channel-vector kernels), as measured on an H100 (`benches/pooling_vs_cudnn.rs` with
+/// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
+/// elements) and not global: over channel vectors, shared-memory tiles (each window scanned
+/// once for all the cells it overlaps: 1.4x faster than cells on 3x3/s2 f16 NHWC); over
+/// single channels, a thread per cell where cells are small (a few percent faster than the
+/// tiles, which amortise less over one channel), tiles otherwise. Global pooling and larger
+/// windows: the gather. Average: the gather over channel vectors and where a cell is one
+/// element (global pooling); cells otherwise (2x faster than the gather on 2x2/s2 NCHW).
 fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
     let cell = cell_len(g);
     if pooling.mode.is_max() {
-        let overlapping = (0..3).any(|k| g.window[k] > g.stride[k]);
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
-        } else if !vectors && !overlapping && cell <= POOLING_MAX_CELL {
+        } else if !vectors && cell <= POOLING_MAX_CELL {
             PoolingBwdAlgo::Cell
         } else {
             PoolingBwdAlgo::Tile
