@@ -13,10 +13,13 @@ pub mod element;
 pub mod elementwise;
 pub mod gemm;
 pub mod math;
+pub mod rows;
 
 pub mod activation;
+pub mod layer_norm;
 pub mod matmul;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 #[panic_handler]

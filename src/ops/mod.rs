@@ -3,11 +3,14 @@
 //! handle, the reference implementation.
 
 pub mod activation;
+pub mod layer_norm;
 pub mod matmul;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 pub(crate) mod layout;
+pub(crate) mod rows;
 
 use crate::buffer::{Buffer, Memory};
 use crate::descriptor::TensorDescriptor;
