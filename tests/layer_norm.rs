@@ -212,7 +212,8 @@ fn run_backward(h: &Handle, c: &Case, grads: bool, seed: u64) {
         (grads && wd.is_some()).then(|| upload_poisoned(h, w0.as_ref().unwrap(), true));
     let mut dbias =
         (grads && wd.is_some() && !rms).then(|| upload_poisoned(h, w0.as_ref().unwrap(), true));
-    let ws_bytes = layer_norm_backward_workspace_size(h, &c.norm, &c.x, wd.as_ref()).unwrap();
+    let ws_bytes =
+        layer_norm_backward_workspace_size(h, &c.norm, &c.x, &c.y, &dd, wd.as_ref()).unwrap();
     let mut ws = h.alloc_bytes(ws_bytes).unwrap();
     layer_norm_backward(
         h,
@@ -799,7 +800,7 @@ fn bad_inputs_are_rejected_with_typed_errors() {
         )
         .unwrap_err();
         assert!(is_bad(&e, "dbias"), "{e}");
-        let need = layer_norm_backward_workspace_size(h, &ln, &xd, Some(&wd)).unwrap();
+        let need = layer_norm_backward_workspace_size(h, &ln, &xd, &xd, &xd, Some(&wd)).unwrap();
         if need > 0 {
             let e = layer_norm_backward(
                 h,

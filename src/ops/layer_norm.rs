@@ -475,18 +475,24 @@ fn bwd_split(
     }
 }
 
-/// Workspace bytes [`layer_norm_backward`] needs when it computes weight gradients
-/// (`weight_desc` given); 0 otherwise and on the CPU handle.
+/// Workspace bytes [`layer_norm_backward`] needs, for these descriptors, when it computes
+/// weight gradients (`weight_desc` given); 0 otherwise and on the CPU handle.
 pub fn layer_norm_backward_workspace_size(
     handle: &Handle,
     norm: &LayerNormDescriptor,
     x_desc: &TensorDescriptor,
+    dy_desc: &TensorDescriptor,
+    dx_desc: &TensorDescriptor,
     weight_desc: Option<&TensorDescriptor>,
 ) -> Result<usize> {
+    for (arg, d) in [("dy_desc", dy_desc), ("dx_desc", dx_desc)] {
+        check_same_dims(arg, x_desc, d)?;
+        check_same_dtype(arg, x_desc, d)?;
+    }
     let problem = Problem::new(norm, x_desc, weight_desc, None)?;
     match (&handle.backend, weight_desc) {
         (Backend::Gpu(gpu), Some(_)) => {
-            let split = bwd_split(&problem, x_desc, x_desc, x_desc);
+            let split = bwd_split(&problem, x_desc, dy_desc, dx_desc);
             let launch = BwdLaunch::new(gpu, &split, x_desc.dtype(), true)?;
             Ok(launch.workspace_bytes(true))
         }
