@@ -172,10 +172,22 @@ fn errors_name_the_argument_and_the_mismatch() {
 }
 
 #[test]
-fn every_kernel_the_host_names_is_in_the_ptx() {
+fn every_kernel_the_host_names_is_in_its_family_module() {
     assert!(!kernels::ALL.is_empty());
     for name in kernels::ALL {
-        assert!(ptx().contains(&format!(".entry {name}(")), "{name}");
+        let family = name.split('_').next().unwrap();
+        let modules: Vec<_> = ptx_modules().iter().filter(|(f, _)| *f == family).collect();
+        assert_eq!(modules.len(), 1, "{name}: one module per family");
+        assert!(modules[0].1.contains(&format!(".entry {name}(")), "{name}");
+    }
+    // Every module holds only its own family's entries.
+    for (family, ptx) in ptx_modules() {
+        for line in ptx
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        {
+            assert!(line.starts_with(&format!("{family}_")), "{family}: {line}");
+        }
     }
     // Dispatch covers every GPU dtype for every family.
     for dt in DataType::GPU {
