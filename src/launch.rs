@@ -214,6 +214,20 @@ impl Gpu {
         Ok(Function(raw))
     }
 
+    /// The largest block `kernel` can be launched with (its registers per thread bound it).
+    pub(crate) fn max_threads_per_block(&self, kernel: &'static str) -> Result<u32> {
+        let f = self.function(kernel, 0)?;
+        // SAFETY: `f` is a valid function of the loaded module.
+        let threads = unsafe {
+            result::function::get_function_attribute(
+                f.0,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            )
+        }
+        .map_err(|e| Error::driver("cuFuncGetAttribute", e))?;
+        Ok(threads.max(0) as u32)
+    }
+
     /// How many blocks of `block` threads of `kernel` fit on one SM at once (for grids that
     /// should fill the GPU exactly once, e.g. kernels that leave one partial result per
     /// block).

@@ -57,13 +57,15 @@ fn rstd_of(v: f32, epsilon: f32) -> f32 {
     1.0 / sqrt(v + epsilon)
 }
 
-/// `(x - mean) * rstd * scale + bias` for `K` elements whose parameters are at `at`
-/// (`[_, _, scale, bias]` offsets).
+/// `((x - shift) - centre) * rstd * scale + bias` for `K` elements whose parameters are at
+/// `at` (`[_, _, scale, bias]` offsets); `shift + centre` is the row's mean (0 for RMS).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn normalize<T: Element, const K: usize>(
     flags: u32,
     v: [f32; K],
-    mean: f32,
+    shift: f32,
+    centre: f32,
     rstd: f32,
     scale: *const u8,
     bias: *const u8,
@@ -82,9 +84,26 @@ unsafe fn normalize<T: Element, const K: usize>(
     };
     let mut out = [0.0f32; K];
     for k in 0..K {
-        out[k] = (v[k] - mean) * rstd * gamma[k] + beta[k];
+        out[k] = ((v[k] - shift) - centre) * rstd * gamma[k] + beta[k];
     }
     out
+}
+
+/// The value the row's elements are taken relative to while its statistics are summed:
+/// its first element (layer norm; 0 for RMS). Elements near it subtract exactly, so the
+/// sums of a row far from zero keep their precision (`1000 + small` rows).
+#[inline(always)]
+unsafe fn row_shift<T: Element, I: Inner<N>, const N: usize>(
+    rms: u32,
+    inner: I,
+    x: *const T,
+    base: u64,
+) -> f32 {
+    if rms != 0 {
+        0.0
+    } else {
+        T::load(x.add((base + inner.at(0)[0]) as usize))
+    }
 }
 
 /// Writes a row's statistics (rank 0 of the group only).
@@ -123,15 +142,19 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
     let d = p.row_len;
     g.rows(p.rows, |row| {
         let [xb, yb, sb] = p.outer.offsets(row);
+        let shift = row_shift(p.rms, inner, x, xb);
         let mut v = [[0.0f32; K]; V];
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
                 v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
+                for k in 0..K {
+                    v[j][k] -= shift;
+                }
             }
         });
         // Two passes over the registers: the mean, then squared deviations from it.
-        let mean = if p.rms != 0 {
+        let centre = if p.rms != 0 {
             0.0
         } else {
             let mut s = 0.0f32;
@@ -146,18 +169,18 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         crate::unrolled!(j in V => {
             if g.first::<K, V>(0, j) < d {
                 for k in 0..K {
-                    let t = v[j][k] - mean;
+                    let t = v[j][k] - centre;
                     s2 += t * t;
                 }
             }
         });
         let rstd = rstd_of(g.sum(s2) / d as f32, p.epsilon);
-        write_stats(&g, p, sb, mean, rstd, mean_out, rstd_out);
+        write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
                 let at = inner.at(e);
-                let out = normalize::<T, K>(p.flags, v[j], mean, rstd, scale, bias, at);
+                let out = normalize::<T, K>(p.flags, v[j], 0.0, centre, rstd, scale, bias, at);
                 rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
             }
         });
@@ -184,6 +207,7 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     let d = p.row_len;
     g.rows(p.rows, |row| {
         let [xb, yb, sb] = p.outer.offsets(row);
+        let shift = row_shift(p.rms, inner, x, xb);
         let mut acc: Moments = [0.0; 3];
         for c in 0..p.chunks {
             let mut v = [[0.0f32; K]; V];
@@ -192,6 +216,9 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
+                    for k in 0..K {
+                        v[j][k] -= shift;
+                    }
                     n += K as u32;
                 }
             });
@@ -217,20 +244,20 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
         }
         let total = g.reduce(acc, [0.0; 3], combine, shfl_moments);
         let var = total[2] / d as f32;
-        let (mean, rstd) = if p.rms != 0 {
+        let (centre, rstd) = if p.rms != 0 {
             // E[x^2] = var + mean^2: two non-negative terms, no cancellation.
             (0.0, rstd_of(var + total[1] * total[1], p.epsilon))
         } else {
             (total[1], rstd_of(var, p.epsilon))
         };
-        write_stats(&g, p, sb, mean, rstd, mean_out, rstd_out);
+        write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let at = inner.at(e);
                     let v = rows::load::<T, K>(x.add((xb + at[0]) as usize));
-                    let out = normalize::<T, K>(p.flags, v, mean, rstd, scale, bias, at);
+                    let out = normalize::<T, K>(p.flags, v, shift, centre, rstd, scale, bias, at);
                     rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
                 }
             });

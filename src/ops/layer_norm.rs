@@ -34,7 +34,7 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
-use super::rows::{operand_map, per_row_strides, Budget, RowKernel, RowPlan, Split};
+use super::rows::{block_limit, operand_map, per_row_strides, Budget, RowKernel, RowPlan, Split};
 use super::{host_read, host_write};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
@@ -308,7 +308,14 @@ pub fn layer_norm_forward(
                 max_values: 32,
                 columns: false,
             };
-            let plan = RowPlan::new(&split, [true, true, false], dtype.size_bytes(), budget)?;
+            let limit = block_limit(gpu, |k| fwd_kernel(k, dtype));
+            let plan = RowPlan::new(
+                &split,
+                [true, true, false],
+                dtype.size_bytes(),
+                budget,
+                &limit,
+            )?;
             let kernel = fwd_kernel(plan.kernel, dtype).ok_or_else(|| {
                 Error::unsupported(format!("layer norm on {dtype} tensors on the GPU"))
             })?;
@@ -421,7 +428,9 @@ impl BwdLaunch {
             max_values: 16,
             columns: false,
         };
-        let plan = RowPlan::new(split, [true, true, true, false], dtype.size_bytes(), budget)?;
+        let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));
+        let operands = [true, true, true, false];
+        let plan = RowPlan::new(split, operands, dtype.size_bytes(), budget, &limit)?;
         let kernel = bwd_kernel(plan.kernel, dtype).ok_or_else(|| {
             Error::unsupported(format!("layer norm backward on {dtype} tensors on the GPU"))
         })?;

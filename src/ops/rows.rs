@@ -11,7 +11,7 @@
 
 use super::layout::{fold, index_map, Folded};
 use crate::error::{Error, Result};
-use crate::launch::LaunchConfig;
+use crate::launch::{Gpu, LaunchConfig};
 use oxidnn_params::{
     IndexMap, MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS,
 };
@@ -68,12 +68,15 @@ pub(crate) struct RowPlan<const N: usize, const M: usize> {
 impl<const N: usize, const M: usize> RowPlan<N, M> {
     /// Plans `split` for elements of `elem_bytes`; `vector_operands` marks the outer
     /// operands whose rows the `vec` kernels read or write as vectors (their row bases
-    /// must be vector-aligned).
+    /// must be vector-aligned). `max_threads` gives the largest block a kernel can be
+    /// launched with (0 where the family has no such kernel): a row group of a kernel
+    /// with many registers per thread must stay below it.
     pub fn new(
         split: &Split<N, M>,
         vector_operands: [bool; M],
         elem_bytes: usize,
         budget: Budget,
+        max_threads: &dyn Fn(RowKernel) -> Result<u32>,
     ) -> Result<Self> {
         let rows: usize = split.outer_dims.iter().product();
         let row_len: usize = split.inner_dims.iter().product();
@@ -116,29 +119,51 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
             (&MAP_SLOTS, 1)
         };
         let slots_needed = row_len.div_ceil(k);
-        let allowed: Vec<u32> = list
+        let kernel_of = |slots| {
+            if vectors {
+                RowKernel::Vectors { slots }
+            } else {
+                RowKernel::Mapped { slots }
+            }
+        };
+        // The most slots per thread within the budget whose kernel can launch the group
+        // the row needs (more slots: fewer warps per row, fewer block-wide reductions).
+        let mut allowed: Vec<u32> = list
             .iter()
             .copied()
             .filter(|&v| v as usize * k <= budget.max_values)
             .collect();
-        let widest = allowed.iter().copied().max().unwrap_or(1) as usize;
-        let warps = slots_needed.div_ceil(32 * widest).next_power_of_two();
-        if warps <= 32 {
-            let slots = allowed
-                .iter()
-                .copied()
-                .find(|&v| 32 * warps * v as usize >= slots_needed)
-                .unwrap_or(widest as u32);
-            plan.kernel = if vectors {
-                RowKernel::Vectors { slots }
+        allowed.sort_unstable();
+        let mut chosen = None;
+        for &v in allowed.iter().rev() {
+            let warps = slots_needed.div_ceil(32 * v as usize).next_power_of_two();
+            if warps <= max_warps(max_threads(kernel_of(v))?) as usize {
+                chosen = Some((v, warps));
+                break;
+            }
+        }
+        if let Some((widest, warps)) = chosen {
+            // One warp: the fewest slots that still cover the row.
+            let slots = if warps == 1 {
+                allowed
+                    .iter()
+                    .copied()
+                    .find(|&v| 32 * v as usize >= slots_needed && v <= widest)
+                    .unwrap_or(widest)
             } else {
-                RowKernel::Mapped { slots }
+                widest
             };
+            plan.kernel = kernel_of(slots);
             plan.warps = warps as u32;
         } else {
             plan.kernel = RowKernel::Streamed { vectors };
-            plan.warps = STREAM_WARPS;
-            let per_chunk = 32 * (STREAM_WARPS * STREAM_SLOTS) as usize;
+            plan.warps = STREAM_WARPS.min(max_warps(max_threads(plan.kernel)?));
+            if plan.warps == 0 {
+                return Err(Error::unsupported(format!(
+                    "no kernel for rows of {row_len} elements"
+                )));
+            }
+            let per_chunk = 32 * (plan.warps * STREAM_SLOTS) as usize;
             plan.chunks = slots_needed.div_ceil(per_chunk) as u32;
         }
         plan.block = if plan.warps == 1 {
@@ -167,10 +192,30 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
     }
 }
 
+/// The most warps (a power of two, at most 32) in a block of at most `threads` threads.
+fn max_warps(threads: u32) -> u32 {
+    match threads / 32 {
+        0 => 0,
+        w => 1 << (31 - w.min(32).leading_zeros()),
+    }
+}
+
 /// Whether the innermost outer dim has unit stride in every operand (neighbouring rows are
 /// neighbouring elements).
 fn adjacent_rows<const M: usize>(outer: &Folded<M>) -> bool {
     !outer.dims.is_empty() && outer.strides.iter().all(|s| s.last() == Some(&1))
+}
+
+/// The block limit of a family's kernel as [`RowPlan::new`] takes it: the kernel's own
+/// limit on the GPU, 0 where the family has no such kernel.
+pub(crate) fn block_limit<'a>(
+    gpu: &'a Gpu,
+    kernel: impl Fn(RowKernel) -> Option<&'static str> + 'a,
+) -> impl Fn(RowKernel) -> Result<u32> + 'a {
+    move |k| match kernel(k) {
+        Some(name) => gpu.max_threads_per_block(name),
+        None => Ok(0),
+    }
 }
 
 /// The strides of a per-row operand (e.g. saved statistics of shape `x`'s outer dims with
@@ -191,12 +236,14 @@ pub(crate) fn per_row_strides(
         }
         match theirs.next() {
             Some((&m, &s)) if m == n => out.push(s),
-            _ => return Err(Error::bad(
-                arg,
-                format!(
+            _ => {
+                return Err(Error::bad(
+                    arg,
+                    format!(
                     "dims {dims:?} do not hold one value per row of the row dims {outer_dims:?}"
                 ),
-            )),
+                ))
+            }
         }
     }
     if theirs.next().is_some() {
@@ -240,6 +287,11 @@ mod tests {
         }
     }
 
+    /// Kernels that launch with any block.
+    fn any_block(_: RowKernel) -> Result<u32> {
+        Ok(1024)
+    }
+
     const FWD: Budget = Budget {
         max_values: 32,
         columns: false,
@@ -247,23 +299,23 @@ mod tests {
 
     #[test]
     fn transformer_rows_take_vectors_in_registers() {
-        let p = RowPlan::new(&split(&[8192], &[1024]), [true, true], 4, FWD).unwrap();
+        let p = RowPlan::new(&split(&[8192], &[1024]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!(p.kernel, RowKernel::Vectors { slots: 8 });
         assert_eq!((p.warps, p.block, p.blocks), (1, 256, 1024));
-        let p = RowPlan::new(&split(&[8192], &[4096]), [true, true], 4, FWD).unwrap();
+        let p = RowPlan::new(&split(&[8192], &[4096]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!(
             (p.kernel, p.warps, p.block),
             (RowKernel::Vectors { slots: 8 }, 4, 128)
         );
-        let p = RowPlan::new(&split(&[8192], &[512]), [true, true], 2, FWD).unwrap();
+        let p = RowPlan::new(&split(&[8192], &[512]), [true, true], 2, FWD, &any_block).unwrap();
         assert_eq!((p.kernel, p.warps), (RowKernel::Vectors { slots: 2 }, 1));
     }
 
     #[test]
     fn odd_rows_are_mapped_and_long_rows_streamed() {
-        let p = RowPlan::new(&split(&[10], &[97]), [true, true], 4, FWD).unwrap();
+        let p = RowPlan::new(&split(&[10], &[97]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!((p.kernel, p.warps), (RowKernel::Mapped { slots: 4 }, 1));
-        let p = RowPlan::new(&split(&[3], &[1 << 20]), [true, true], 4, FWD).unwrap();
+        let p = RowPlan::new(&split(&[3], &[1 << 20]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!(p.kernel, RowKernel::Streamed { vectors: true });
         assert_eq!((p.chunks, p.blocks), ((1 << 20) / (4 * 32 * 16 * 4), 3));
     }
@@ -277,7 +329,8 @@ mod tests {
                         max_values,
                         columns: false,
                     };
-                    let p = RowPlan::new(&split(&[2], &[d]), [true, true], bytes, b).unwrap();
+                    let p = RowPlan::new(&split(&[2], &[d]), [true, true], bytes, b, &any_block)
+                        .unwrap();
                     let k = 16 / bytes;
                     match p.kernel {
                         RowKernel::Vectors { slots } => {
@@ -293,6 +346,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A kernel with many registers per thread cannot launch 1024 threads: its rows take
+    /// fewer slots (more of them fit a smaller block) or are streamed.
+    #[test]
+    fn register_heavy_kernels_get_smaller_groups() {
+        let limit = |k: RowKernel| -> Result<u32> {
+            Ok(match k {
+                RowKernel::Vectors { slots: 8 } => 640,
+                RowKernel::Mapped { .. } => 576,
+                _ => 1024,
+            })
+        };
+        // 5000 f32 vectors: 16 warps of 8 slots cover 4096, 32 warps of 4 cover 4096.
+        let p = RowPlan::new(&split(&[2], &[20_000]), [true, true], 4, FWD, &limit).unwrap();
+        assert_eq!(p.kernel, RowKernel::Streamed { vectors: true });
+        // 4096 vectors: 16 warps of 8 slots.
+        let p = RowPlan::new(&split(&[2], &[16_384]), [true, true], 4, FWD, &limit).unwrap();
+        assert_eq!((p.kernel, p.warps), (RowKernel::Vectors { slots: 8 }, 16));
+        // 2111 elements through the map: 16 warps of 4 cover 2048, so streamed.
+        let p = RowPlan::new(&split(&[2], &[2111]), [true, true], 2, FWD, &limit).unwrap();
+        assert_eq!(p.kernel, RowKernel::Streamed { vectors: false });
+        assert_eq!(max_warps(1024), 32);
+        assert_eq!(max_warps(640), 16);
+        assert_eq!(max_warps(31), 0);
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
-use super::rows::{Budget, RowKernel, RowPlan, Split};
+use super::rows::{block_limit, Budget, RowKernel, RowPlan, Split};
 use super::{host_read, host_write, scale_factor};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
@@ -124,7 +124,8 @@ pub fn softmax_forward(
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
             let s = split(mode, x_desc.dims(), [x_desc.strides(), y_desc.strides()]);
-            let plan = RowPlan::new(&s, [true, true], dtype.size_bytes(), BUDGET)?;
+            let limit = block_limit(gpu, |k| fwd_kernel(k, dtype));
+            let plan = RowPlan::new(&s, [true, true], dtype.size_bytes(), BUDGET, &limit)?;
             let kernel = fwd_kernel(plan.kernel, dtype).ok_or_else(|| {
                 Error::unsupported(format!("softmax on {dtype} tensors on the GPU"))
             })?;
@@ -192,7 +193,8 @@ pub fn softmax_backward(
                 y_desc.dims(),
                 [y_desc.strides(), dy_desc.strides(), dx_desc.strides()],
             );
-            let plan = RowPlan::new(&s, [true, true, true], dtype.size_bytes(), BUDGET)?;
+            let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));
+            let plan = RowPlan::new(&s, [true, true, true], dtype.size_bytes(), BUDGET, &limit)?;
             let kernel = bwd_kernel(plan.kernel, dtype).ok_or_else(|| {
                 Error::unsupported(format!("softmax backward on {dtype} tensors on the GPU"))
             })?;
