@@ -149,6 +149,22 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// `bar.sync id, threads`: a named barrier for `threads` threads (a multiple of 32) of the
+/// block, e.g. the warps of one row group when several groups share a block. `id` is 1 to
+/// 15 (0 is `__syncthreads`'s); every warp of those threads must reach it, converged.
+#[inline(always)]
+pub fn bar_sync(id: u32, threads: u32) {
+    // SAFETY: a barrier over whole warps; callers keep it in uniform control flow per group.
+    unsafe {
+        asm!(
+            "bar.sync {id}, {n};",
+            id = in(reg32) id,
+            n = in(reg32) threads,
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
 /// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.
 #[inline(always)]
 pub fn sync_warp() {

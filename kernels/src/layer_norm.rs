@@ -393,46 +393,29 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         partials.add(slot * d as usize),
         partials.add((p.slots as usize + slot) * d as usize),
     );
-    if g.per_block == 1 {
-        crate::unrolled!(j in V => {
-            let e = g.first::<K, V>(0, j);
-            if e < d {
-                for k in 0..K {
-                    *dg_out.add(e as usize + k) = dgamma[j][k];
-                    *db_out.add(e as usize + k) = dbeta[j][k];
-                }
-            }
-        });
-        return;
-    }
-    // Several one-warp groups per block (rows of at most 512 elements, so both sums fit
-    // the 4 KB below): group 0 stores, the others add in turn, then the block writes.
-    let smem = crate::shared_f32!(4096);
+    // The block's groups add their sums into its slot in turn (group 0 stores): a fixed
+    // order, and the block barrier orders each turn's global writes before the next's reads.
     for turn in 0..g.per_block {
         if g.in_block == turn {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(0, j);
                 if e < d {
                     for k in 0..K {
-                        let i = e + k as u32;
+                        let i = e as usize + k;
                         let (og, ob) = if turn == 0 {
                             (0.0, 0.0)
                         } else {
-                            (smem.load(i), smem.load(d + i))
+                            (*dg_out.add(i), *db_out.add(i))
                         };
-                        smem.store(i, og + dgamma[j][k]);
-                        smem.store(d + i, ob + dbeta[j][k]);
+                        *dg_out.add(i) = og + dgamma[j][k];
+                        *db_out.add(i) = ob + dbeta[j][k];
                     }
                 }
             });
         }
-        sync_threads();
-    }
-    let mut i = crate::device::thread_idx_x();
-    while i < d {
-        *dg_out.add(i as usize) = smem.load(i);
-        *db_out.add(i as usize) = smem.load(d + i);
-        i += crate::device::block_dim_x();
+        if g.per_block > 1 {
+            sync_threads();
+        }
     }
 }
 

@@ -12,8 +12,8 @@
 //! group's registers are streamed chunk by chunk (`long` kernels).
 
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, grid_dim_x, ld_global_nc_v4, shfl_xor_f32,
-    thread_idx_x, warp_reduce,
+    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, shfl_xor_f32,
+    thread_idx_x, warp_id, warp_reduce,
 };
 use crate::element::Element;
 use oxidnn_params::IndexMap;
@@ -23,9 +23,9 @@ pub const fn vector_elements<T>() -> usize {
     16 / size_of::<T>()
 }
 
-/// The threads of one row: `threads` (whole warps). A group of one warp shares its block
-/// with other groups; a group of several warps is the whole block, so block barriers are
-/// uniform within it.
+/// The threads of one row: `threads` (whole warps), `per_block` groups to a block (at most
+/// 8). Groups of several warps synchronise among themselves with named barriers (id `1 +
+/// in_block`), so groups of one block may be at different rows.
 #[derive(Clone, Copy)]
 pub struct Group {
     /// This thread's rank in its group.
@@ -88,11 +88,31 @@ impl Group {
         combine: impl Fn(T, T) -> T + Copy,
         shfl: impl Fn(T, u32) -> T + Copy,
     ) -> T {
+        let total = warp_reduce(v, combine, shfl);
         if self.threads == 32 {
-            warp_reduce(v, combine, shfl)
-        } else {
-            let scratch = crate::shared_array!(T, 512);
-            block_reduce(v, scratch, identity, combine, shfl)
+            return total;
+        }
+        // Each warp's total to shared memory (one slot per warp of the block, at most 32),
+        // then every thread combines its group's slots in warp order.
+        let _ = identity;
+        let scratch = crate::shared_array!(T, 512);
+        let warp = warp_id();
+        let first = (self.in_block * self.warps) as usize;
+        let barrier = 1 + self.in_block;
+        // SAFETY: warp `w` of the block writes slot `w < 32`; the named barrier of the group
+        // orders those writes before the group's reads, the second one keeps a later call's
+        // writes behind them.
+        unsafe {
+            if lane_id() == 0 {
+                *scratch.add(warp as usize) = total;
+            }
+            bar_sync(barrier, self.threads);
+            let mut all = *scratch.add(first);
+            for w in 1..self.warps as usize {
+                all = combine(all, *scratch.add(first + w));
+            }
+            bar_sync(barrier, self.threads);
+            all
         }
     }
 

@@ -434,15 +434,13 @@ impl BwdLaunch {
         let kernel = bwd_kernel(plan.kernel, dtype).ok_or_else(|| {
             Error::unsupported(format!("layer norm backward on {dtype} tensors on the GPU"))
         })?;
-        if plan.groups_per_block() > 1 && plan.row_len > 512 {
-            // The in-block combine of the weight-gradient partials holds at most 512.
-            return Err(Error::unsupported(format!(
-                "internal: a row of {} sharing a block",
-                plan.row_len
-            )));
-        }
         let grid = if weight_grads {
-            let resident = gpu.resident_blocks_per_sm(kernel, plan.block)?;
+            // Every block leaves a slot of partial sums: fill the GPU once, no more (the
+            // streamed kernels, whose slots are long rows, twice per SM at most).
+            let resident = match plan.kernel {
+                RowKernel::Streamed { .. } => 2,
+                _ => gpu.resident_blocks_per_sm(kernel, plan.block)?,
+            };
             plan.blocks.min(resident * gpu.sm_count.max(1))
         } else {
             plan.blocks

@@ -97,8 +97,10 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
         );
         let k = 16 / elem_bytes;
         let vectors = inner.is_packed()
-            && row_len % k == 0
-            && (0..M).all(|o| !vector_operands[o] || outer.strides[o].iter().all(|s| s % k == 0));
+            && row_len.is_multiple_of(k)
+            && (0..M).all(|o| {
+                !vector_operands[o] || outer.strides[o].iter().all(|s| s.is_multiple_of(k))
+            });
         let mut plan = Self {
             kernel: RowKernel::Column,
             rows: rows as u32,
@@ -166,19 +168,19 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
             let per_chunk = 32 * (plan.warps * STREAM_SLOTS) as usize;
             plan.chunks = slots_needed.div_ceil(per_chunk) as u32;
         }
-        plan.block = if plan.warps == 1 {
-            ROW_BLOCK_THREADS
-        } else {
-            32 * plan.warps
+        // Row kernels: groups share blocks of ROW_BLOCK_THREADS where the kernel can launch
+        // them; streamed kernels: a group (one long row at a time) per block.
+        plan.block = match plan.kernel {
+            RowKernel::Streamed { .. } => 32 * plan.warps,
+            _ => {
+                let limit = max_warps(max_threads(plan.kernel)?);
+                let block_warps = (ROW_BLOCK_THREADS / 32).min(limit).max(plan.warps);
+                32 * (block_warps / plan.warps * plan.warps)
+            }
         };
         let groups_per_block = (plan.block / (32 * plan.warps)) as usize;
         plan.blocks = rows.div_ceil(groups_per_block).max(1) as u32;
         Ok(plan)
-    }
-
-    /// Row groups per block.
-    pub fn groups_per_block(&self) -> u32 {
-        self.block / (32 * self.warps)
     }
 
     /// The launch of `grid` blocks (at most [`RowPlan::blocks`]).
@@ -305,7 +307,7 @@ mod tests {
         let p = RowPlan::new(&split(&[8192], &[4096]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!(
             (p.kernel, p.warps, p.block),
-            (RowKernel::Vectors { slots: 8 }, 4, 128)
+            (RowKernel::Vectors { slots: 8 }, 4, 256)
         );
         let p = RowPlan::new(&split(&[8192], &[512]), [true, true], 2, FWD, &any_block).unwrap();
         assert_eq!((p.kernel, p.warps), (RowKernel::Vectors { slots: 2 }, 1));
