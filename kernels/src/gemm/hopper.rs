@@ -4,8 +4,9 @@
 //! A block is two warpgroups; warpgroup `w` computes rows `64 w ..` of the `128 x BN`
 //! output tile with one `wgmma.m64nBNk16` per 16 of K, both operands read from shared
 //! memory, accumulators (`BN / 2` f32 per thread) in registers. Every thread also copies:
-//! `cp.async` fills a ring of `STAGES` stages `STAGES - 2` K tiles ahead, while the
-//! `wgmma`s of one K tile run behind the issue of the next (one group in flight).
+//! `cp.async` fills a ring of `STAGES` stages `STAGES - 2` K tiles ahead. Per K tile, after
+//! one barrier: the tile's `wgmma`s are issued (queued behind the previous tile's), then
+//! the copies of a later tile, then the previous tile's `wgmma`s are waited for.
 
 use super::{mma_stage_bytes, store_warp_tile, Epilogue, MmaElement, TileLoader};
 use crate::device::hopper::{
@@ -121,13 +122,9 @@ pub unsafe fn wgmma_tile<E, const BN: u32, const STAGES: u32, const NI: usize, L
         cp_async_wait(STAGES - 3);
         fence_proxy_async_shared();
         sync_threads();
-        let next = kt + STAGES - 2;
-        if next < k_tiles {
-            la.load(a_stage(write), next);
-            lb.load(b_stage(write), next);
-        }
-        cp_async_commit();
 
+        // Tile kt's wgmmas first, so that the tensor cores have them queued behind tile
+        // kt - 1's while this thread issues the next copies.
         let (da, a_step) = operand_descriptor(LA::K_MAJOR, a_stage(read), wg_row, bk);
         let (db, b_step) = operand_descriptor(LB::K_MAJOR, b_stage(read), 0, bk);
         acc.fence_operands();
@@ -137,6 +134,13 @@ pub unsafe fn wgmma_tile<E, const BN: u32, const STAGES: u32, const NI: usize, L
             acc.mma(E::INPUT, trans, da.offset(ks * a_step), db.offset(ks * b_step), true);
         });
         wgmma_commit_group();
+
+        let next = kt + STAGES - 2;
+        if next < k_tiles {
+            la.load(a_stage(write), next);
+            lb.load(b_stage(write), next);
+        }
+        cp_async_commit();
         // Tile kt's wgmmas run on while the next iteration waits for its copies; tile
         // kt - 1's are retired.
         wgmma_wait::<1>();
