@@ -13,9 +13,9 @@ mod matmul;
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;
 pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
-    MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
+    wgmma_stages, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
 };
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
