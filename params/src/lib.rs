@@ -20,9 +20,9 @@ pub use layer_norm::{
     NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
 };
 pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
-    MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
+    wgmma_stages, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
 };
 pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};
