@@ -45,6 +45,10 @@ pub use ops::activation::{
     activation_backward, activation_forward, activation_forward_in_place, ActivationDescriptor,
     ActivationMode,
 };
+pub use ops::layer_norm::{
+    layer_norm_backward, layer_norm_backward_workspace_size, layer_norm_forward,
+    LayerNormDescriptor, NormMode,
+};
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
     MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
@@ -56,6 +60,7 @@ pub use ops::pooling::{
 pub use ops::reduce::{
     reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,
 };
+pub use ops::softmax::{softmax_backward, softmax_forward, SoftmaxAlgorithm, SoftmaxMode};
 pub use ops::tensor_ops::{
     add_tensor, op_tensor, scale_tensor, set_tensor, transform_tensor, OpTensorOp,
 };

@@ -6,6 +6,9 @@
 use core::arch::asm;
 use core::arch::nvptx;
 
+#[cfg(feature = "sm90a")]
+pub mod hopper;
+
 // ---------------------------------------------------------------------------------------
 // Indices
 // ---------------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ macro_rules! unroll {
 }
 
 /// Calls `f(0) .. f(n - 1)` as straight-line code when `n` is a compile-time constant up to
-/// 16 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
+/// 16, or 32 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
 /// is unrolled whatever its body's size, so register arrays indexed by `i` stay in
 /// registers. Larger `n` runs as a plain loop.
 #[inline(always)]
@@ -121,6 +124,8 @@ pub fn unrolled(n: usize, mut f: impl FnMut(usize)) {
         7 => [0, 1, 2, 3, 4, 5, 6],
         8 => [0, 1, 2, 3, 4, 5, 6, 7],
         16 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+        32 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+               16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
     }
 }
 
@@ -147,6 +152,22 @@ macro_rules! unrolled {
 pub fn sync_threads() {
     // SAFETY: a block-wide barrier; callers keep it in uniform control flow.
     unsafe { nvptx::_syncthreads() }
+}
+
+/// `bar.sync id, threads`: a named barrier for `threads` threads (a multiple of 32) of the
+/// block, e.g. the warps of one row group when several groups share a block. `id` is 1 to
+/// 15 (0 is `__syncthreads`'s); every warp of those threads must reach it, converged.
+#[inline(always)]
+pub fn bar_sync(id: u32, threads: u32) {
+    // SAFETY: a barrier over whole warps; callers keep it in uniform control flow per group.
+    unsafe {
+        asm!(
+            "bar.sync {id}, {n};",
+            id = in(reg32) id,
+            n = in(reg32) threads,
+            options(nostack, preserves_flags)
+        )
+    }
 }
 
 /// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.

@@ -8,20 +8,29 @@
 
 mod divisor;
 mod index_map;
+mod layer_norm;
 mod matmul;
 mod pooling;
+mod rows;
+mod softmax;
 
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;
+pub use layer_norm::{
+    LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS, NORM_DBIAS,
+    NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
+};
 pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
-    MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
+    wgmma_stages, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
 };
 pub use pooling::{
     PoolCoord, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
     PoolingGlobalParams, PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
 };
+pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
+pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
 pub const MAX_DIMS: usize = 8;

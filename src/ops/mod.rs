@@ -3,12 +3,15 @@
 //! handle, the reference implementation.
 
 pub mod activation;
+pub mod layer_norm;
 pub mod matmul;
 pub mod pooling;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 pub(crate) mod layout;
+pub(crate) mod rows;
 
 use crate::buffer::{Buffer, Memory};
 use crate::descriptor::TensorDescriptor;

@@ -3,9 +3,11 @@
 //! against it.
 
 pub mod activation;
+pub mod layer_norm;
 pub mod matmul;
 pub mod pooling;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 use crate::host_tensor::HostTensor;
