@@ -303,6 +303,31 @@ impl Gpu {
         })
     }
 
+    /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory one
+    /// SM runs at once for `kernel` (cuOccupancyMaxActiveBlocksPerMultiprocessor), at
+    /// least 1.
+    pub(crate) fn resident_blocks(
+        &self,
+        kernel: &'static str,
+        block: u32,
+        shared_bytes: u32,
+    ) -> Result<u32> {
+        let f = self.function(kernel, shared_bytes)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: `f` is a valid function of a loaded module; the context is current.
+        let n = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                f.0,
+                block as i32,
+                shared_bytes as usize,
+            )
+        }
+        .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        Ok(n.max(1) as u32)
+    }
+
     /// Milliseconds the work `f` enqueues on the stream takes, by events around it.
     pub(crate) fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
         let event = || {

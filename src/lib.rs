@@ -49,6 +49,12 @@ pub use ops::layer_norm::{
     layer_norm_backward, layer_norm_backward_workspace_size, layer_norm_forward,
     LayerNormDescriptor, NormMode,
 };
+pub use ops::batch_norm::{
+    batch_norm_backward, batch_norm_backward_workspace_size, batch_norm_forward_inference,
+    batch_norm_forward_training, batch_norm_forward_training_workspace_size,
+    derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
+    RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
+};
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
     MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,

@@ -377,6 +377,37 @@ pub unsafe fn ld_global_v4(p: *const u32) -> Vec16 {
     [a, b, c, d]
 }
 
+/// A 16-byte read-only load marked streaming (`.cs`: evict first from L1 and L2), for data
+/// read for the last time, so it does not push out data that will be read again.
+///
+/// # Safety
+/// As [`ld_global_nc_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_nc_cs_v4(p: *const u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.cs.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// A 16-byte store marked streaming (`.cs`: evict first), for results not read again soon.
+///
+/// # Safety
+/// As [`st_global_v4`].
+#[inline(always)]
+pub unsafe fn st_global_cs_v4(p: *mut u32, v: Vec16) {
+    asm!(
+        "st.global.cs.v4.u32 [{p}], {{{a}, {b}, {c}, {d}}};",
+        p = in(reg64) p,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack, preserves_flags),
+    );
+}
+
 /// An 8-byte load through the read-only (non-coherent) path.
 ///
 /// # Safety
@@ -586,6 +617,27 @@ pub fn max_propagate_nan(a: f32, b: f32) -> f32 {
              options(pure, nomem, nostack));
     }
     out
+}
+
+/// Correctly rounded square root in double precision.
+#[inline(always)]
+pub fn sqrt_f64(x: f64) -> f64 {
+    let out: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("sqrt.rn.f64 {o}, {x};", o = out(reg64) out, x = in(reg64) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `__shfl_xor_sync` on an f64 (two 32-bit exchanges); the full warp must be converged.
+#[inline(always)]
+pub fn shfl_xor_f64(v: f64, lane_mask: u32) -> f64 {
+    let bits = v.to_bits();
+    let lo = shfl_xor_u32(bits as u32, lane_mask) as u64;
+    let hi = shfl_xor_u32((bits >> 32) as u32, lane_mask) as u64;
+    f64::from_bits(hi << 32 | lo)
 }
 
 /// Fused multiply-add `a * b + c`, rounded once.

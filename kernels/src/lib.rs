@@ -26,6 +26,8 @@ pub mod rows;
 pub mod activation;
 #[cfg(not(feature = "sm90a"))]
 pub mod layer_norm;
+#[cfg(not(feature = "sm90a"))]
+pub mod batch_norm;
 pub mod matmul;
 #[cfg(not(feature = "sm90a"))]
 pub mod pooling;

@@ -6,6 +6,7 @@
 //! ABI type for kernel parameters).
 #![no_std]
 
+mod batch_norm;
 mod divisor;
 mod index_map;
 mod layer_norm;
@@ -14,6 +15,11 @@ mod pooling;
 mod rows;
 mod softmax;
 
+pub use batch_norm::{
+    bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
+    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+};
 pub use divisor::FastDivisor;
 pub use index_map::IndexMap;
 pub use layer_norm::{

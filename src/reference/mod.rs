@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod layer_norm;
+pub mod batch_norm;
 pub mod matmul;
 pub mod pooling;
 pub mod reduce;

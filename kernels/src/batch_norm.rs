@@ -1,0 +1,1293 @@
+//! Batch normalization (cudnnBatchNormalizationForwardTraining / ForwardInference /
+//! Backward and their `Ex` forms with a fused residual add and relu).
+//!
+//! Training runs three launches (see `oxidnn_params::batch_norm`):
+//!
+//! * `batch_norm_{fwd,bwd}_stats_{rows,cols}_<dtype>`: each block reduces a chunk of the
+//!   reduction for its features and leaves one `BatchNormPartial` per (chunk, feature).
+//!   Forward statistics are Welford/Chan moments (count, mean, sum of squared deviations):
+//!   a thread takes a batch of loaded values, computes the batch's mean and squared
+//!   deviations exactly (two passes over registers), and merges them into its running
+//!   moments with Chan's formula; threads, warps and chunks merge the same way. No
+//!   `sum(x^2) - n mean^2` cancellation anywhere; f32 for every storage type.
+//! * `batch_norm_{fwd,bwd}_finalize`: one warp per feature merges its chunks in a fixed
+//!   order, in f64, and writes the per-feature outputs and coefficients. No atomics: the
+//!   results are bitwise reproducible for a given shape and device.
+//! * `batch_norm_{fwd,bwd}_apply_{rows,cols}_<dtype>`: the elementwise pass. It visits the
+//!   blocks in reverse order, so it starts on the data the stats pass read last (which may
+//!   still be in L2).
+//!
+//! Inference is one apply launch whose coefficients come from the estimated statistics.
+//!
+//! *Rows* kernels (the reduction is contiguous, e.g. NCHW spatial) give each block one
+//! feature and a chunk of its reduction; *cols* kernels (features contiguous, e.g. NHWC, or
+//! per-activation mode) give each thread a vector of features and a strided set of rows.
+//! Both take any strides through the geometry's index maps; `K > 1` (16-byte vectors) is
+//! chosen by the host only where the innermost dim is contiguous and aligned.
+
+use crate::activation::{blend, forward as activation};
+use crate::device::{
+    self, block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x,
+    lane_id, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id,
+    SharedF32, Vec16,
+};
+use crate::element::Element;
+use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
+use oxidnn_params::{
+    bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
+    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_WARPS,
+};
+
+/// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
+/// three operands (backward) before any is used.
+const FWD_UNROLL: usize = 4;
+const BWD_UNROLL: usize = 2;
+
+// ---------------------------------------------------------------------------------------
+// Accumulators
+// ---------------------------------------------------------------------------------------
+
+/// A thread's statistics of `K` features over the same `n` elements: forward, `a` = mean
+/// and `b` = sum of squared deviations; backward, `a = sum(g)`, `b = sum(g (x - mean))`.
+#[derive(Clone, Copy)]
+struct Acc<const K: usize> {
+    n: f32,
+    a: [f32; K],
+    b: [f32; K],
+}
+
+impl<const K: usize> Acc<K> {
+    const EMPTY: Self = Acc {
+        n: 0.0,
+        a: [0.0; K],
+        b: [0.0; K],
+    };
+
+    #[inline(always)]
+    fn shfl(self, mask: u32) -> Self {
+        Acc {
+            n: shfl_xor_f32(self.n, mask),
+            a: core::array::from_fn(|e| shfl_xor_f32(self.a[e], mask)),
+            b: core::array::from_fn(|e| shfl_xor_f32(self.b[e], mask)),
+        }
+    }
+
+    /// Merges a batch of `count` values per feature with means `mean` and squared
+    /// deviations `m2` into these moments (Chan et al.; one division for all features).
+    #[inline(always)]
+    fn absorb(&mut self, count: f32, mean: [f32; K], m2: [f32; K]) {
+        let n = self.n + count;
+        let w = count / n;
+        let cross = self.n * w;
+        for e in 0..K {
+            let d = mean[e] - self.a[e];
+            self.a[e] += d * w;
+            self.b[e] += m2[e] + d * d * cross;
+        }
+        self.n = n;
+    }
+
+    /// Adds the gradient sums of one vector: `g` and `g (x - mean)` per feature.
+    #[inline(always)]
+    fn add_grads(&mut self, count: f32, g: [f32; K], gx: [f32; K]) {
+        for e in 0..K {
+            self.a[e] += g[e];
+            self.b[e] += gx[e];
+        }
+        self.n += count;
+    }
+}
+
+/// Chan et al.'s combination of two sets of moments.
+#[inline(always)]
+fn merge_moments<const K: usize>(x: Acc<K>, y: Acc<K>) -> Acc<K> {
+    if y.n == 0.0 {
+        return x;
+    }
+    if x.n == 0.0 {
+        return y;
+    }
+    let mut out = x;
+    out.absorb(y.n, y.a, y.b);
+    out
+}
+
+/// Sums combine by adding.
+#[inline(always)]
+fn merge_sums<const K: usize>(x: Acc<K>, y: Acc<K>) -> Acc<K> {
+    let mut out = x;
+    out.add_grads(y.n, y.a, y.b);
+    out
+}
+
+/// Mean and squared deviations of all `R * KV` values (one feature's batch in a rows
+/// kernel): two passes over registers.
+#[inline(always)]
+fn batch_moments<const KV: usize, const R: usize>(v: &[[f32; KV]; R]) -> (f32, f32) {
+    let mut sum = 0.0f32;
+    for r in 0..R {
+        for e in 0..KV {
+            sum += v[r][e];
+        }
+    }
+    let mean = sum / (R * KV) as f32;
+    let mut m2 = 0.0f32;
+    for r in 0..R {
+        for e in 0..KV {
+            let d = v[r][e] - mean;
+            m2 += d * d;
+        }
+    }
+    (mean, m2)
+}
+
+/// Per feature `e`, mean and squared deviations of `v[0][e] .. v[R-1][e]` (a batch of
+/// rows in a cols kernel).
+#[inline(always)]
+fn column_moments<const KV: usize, const R: usize>(v: &[[f32; KV]; R]) -> ([f32; KV], [f32; KV]) {
+    let mean: [f32; KV] = core::array::from_fn(|e| {
+        let mut s = 0.0f32;
+        for r in 0..R {
+            s += v[r][e];
+        }
+        s / R as f32
+    });
+    let m2 = core::array::from_fn(|e| {
+        let mut s = 0.0f32;
+        for r in 0..R {
+            let d = v[r][e] - mean[e];
+            s += d * d;
+        }
+        s
+    });
+    (mean, m2)
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory access
+// ---------------------------------------------------------------------------------------
+
+/// The raw words of the `KV` consecutive elements at `p + off`: one vector load when
+/// `KV > 1` (16-bit data stays packed until [`unpack`]); for `KV == 1` the value's f32
+/// bits in word 0.
+///
+/// # Safety
+/// The elements are readable; for `KV > 1` they are `KV * size` bytes, aligned to that;
+/// `read_only` only if no thread of this launch writes them.
+#[inline(always)]
+unsafe fn load_raw<T: Element, const KV: usize>(p: *const T, off: u64, read_only: bool) -> Vec16 {
+    let p = p.add(off as usize);
+    if KV == 1 {
+        [T::load(p).to_bits(), 0, 0, 0]
+    } else {
+        T::load_raw::<KV>(p, read_only)
+    }
+}
+
+#[inline(always)]
+fn unpack<T: Element, const KV: usize>(w: Vec16) -> [f32; KV] {
+    if KV == 1 {
+        [f32::from_bits(w[0]); KV]
+    } else {
+        T::unpack::<KV>(w)
+    }
+}
+
+/// [`load_raw`] and [`unpack`] at once.
+///
+/// # Safety
+/// As [`load_raw`].
+#[inline(always)]
+unsafe fn load<T: Element, const KV: usize>(p: *const T, off: u64, read_only: bool) -> [f32; KV] {
+    unpack::<T, KV>(load_raw::<T, KV>(p, off, read_only))
+}
+
+/// Stores `KV` consecutive elements at `p + off`.
+///
+/// # Safety
+/// As [`load_raw`], for writing.
+#[inline(always)]
+unsafe fn store<T: Element, const KV: usize>(p: *mut T, off: u64, v: [f32; KV]) {
+    let p = p.add(off as usize);
+    if KV == 1 {
+        T::store(p, v[0]);
+    } else {
+        T::store_vec::<KV>(p, v);
+    }
+}
+
+/// [`load_raw`] of read-only data read for the last time: a streaming (evict-first) load
+/// for vectors, so the apply pass does not push out of L2 the data the stats pass left
+/// there that it has yet to re-read.
+///
+/// # Safety
+/// As [`load_raw`], read-only.
+#[inline(always)]
+unsafe fn load_last<T: Element, const KV: usize>(p: *const T, off: u64) -> Vec16 {
+    if KV == 1 {
+        load_raw::<T, KV>(p, off, true)
+    } else {
+        device::ld_global_nc_cs_v4(p.add(off as usize) as *const u32)
+    }
+}
+
+/// [`store`] of a final result: a streaming (evict-first) store for vectors.
+///
+/// # Safety
+/// As [`store`].
+#[inline(always)]
+unsafe fn store_last<T: Element, const KV: usize>(p: *mut T, off: u64, v: [f32; KV]) {
+    if KV == 1 {
+        store::<T, KV>(p, off, v)
+    } else {
+        device::st_global_cs_v4(p.add(off as usize) as *mut u32, T::pack::<KV>(v))
+    }
+}
+
+/// Visits `first, first + step, .. < end`: whole groups of `UN` as `group(state, i, loads)`
+/// with every load of the group issued before any is used (loads in flight cover memory
+/// latency), the remaining ones as `single(state, i, load)`.
+#[inline(always)]
+fn visit<const UN: usize, L: Copy + Default, S>(
+    (first, end, step): (u32, u32, u32),
+    state: &mut S,
+    load: impl Fn(u32) -> L,
+    group: impl Fn(&mut S, u32, &[L; UN]),
+    single: impl Fn(&mut S, u32, L),
+) {
+    let mut i = first;
+    while i + (UN as u32 - 1) * step < end {
+        let mut v = [L::default(); UN];
+        crate::unrolled!(u in UN => v[u] = load(i + u as u32 * step));
+        group(state, i, &v);
+        i += UN as u32 * step;
+    }
+    while i < end {
+        single(state, i, load(i));
+        i += step;
+    }
+}
+
+fn relu(v: f32) -> f32 {
+    activation(ActivationKind::Relu, 0.0, v, false)
+}
+
+/// The gradient reaching the normalization: `dy`, masked by `y > 0` behind a relu.
+#[inline(always)]
+fn masked(relu: bool, dy: f32, y: f32) -> f32 {
+    if !relu || y > 0.0 {
+        dy
+    } else {
+        0.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Thread mappings
+// ---------------------------------------------------------------------------------------
+
+/// A thread's work. Rows kernels: feature `f0`, vectors `first, first + step, .. < end`
+/// (reduction index `vector * KV`). Cols kernels: features `f0 .. f0 + KV` (if `active`),
+/// rows `first, first + step, .. < end`; `chunk` is the partial's chunk.
+struct Work {
+    active: bool,
+    f0: u32,
+    chunk: u32,
+    first: u32,
+    end: u32,
+    step: u32,
+}
+
+impl Work {
+    fn range(&self) -> (u32, u32, u32) {
+        (self.first, self.end, self.step)
+    }
+}
+
+#[inline(always)]
+fn rows_work(g: &BatchNormGeometry, block: u32) -> Work {
+    let f = block / g.chunks;
+    let chunk = block - f * g.chunks;
+    let start = chunk * g.chunk_len;
+    Work {
+        active: true,
+        f0: f,
+        chunk,
+        first: start + thread_idx_x(),
+        end: core::cmp::min(start + g.chunk_len, g.vectors),
+        step: block_dim_x(),
+    }
+}
+
+#[inline(always)]
+fn cols_work<const KV: usize>(g: &BatchNormGeometry, block: u32) -> Work {
+    let tile = block % g.tiles;
+    let chunk = block / g.tiles;
+    let t = thread_idx_x();
+    let fv = tile * g.tile_vectors + (t & (g.tile_vectors - 1));
+    let start = chunk * g.chunk_len;
+    Work {
+        active: fv < g.vectors,
+        f0: fv * KV as u32,
+        chunk,
+        first: start + (t >> g.tile_vectors_log2),
+        end: core::cmp::min(start + g.chunk_len, g.red_len),
+        step: block_dim_x() >> g.tile_vectors_log2,
+    }
+}
+
+/// Merges the accumulators of a cols block's threads that share a feature vector; thread
+/// `t < tile_vectors` returns the result for its own feature vector (the others return
+/// partial values). Fixed order: lanes by a butterfly, then warps in index order. Every
+/// thread must call it; the block's dynamic shared memory holds `BN_COLS_SHARED_BYTES`.
+#[inline(always)]
+fn cols_reduce<const KV: usize>(
+    g: &BatchNormGeometry,
+    mut acc: Acc<KV>,
+    merge: impl Fn(Acc<KV>, Acc<KV>) -> Acc<KV>,
+) -> Acc<KV> {
+    // Lanes of a warp with the same feature vector: lane % tile_vectors.
+    let mut mask = g.tile_vectors;
+    while mask < 32 {
+        acc = merge(acc, acc.shfl(mask));
+        mask <<= 1;
+    }
+    let slots = BN_BLOCK_WARPS * 32;
+    let base = dynamic_smem();
+    let counts = SharedF32 { base, len: slots };
+    let a = SharedF32 {
+        base: base + 4 * slots,
+        len: slots * KV as u32,
+    };
+    let b = SharedF32 {
+        base: base + 4 * slots * (1 + KV as u32),
+        len: slots * KV as u32,
+    };
+    let (lane, warp) = (lane_id(), warp_id());
+    // SAFETY: warp < BN_BLOCK_WARPS (the host launches BN_BLOCK_THREADS), so every slot is
+    // below its view's `len`, all inside BN_COLS_SHARED_BYTES; the barrier orders the
+    // stores before the loads.
+    unsafe {
+        if lane < g.tile_vectors {
+            let slot = warp * 32 + lane;
+            counts.store(slot, acc.n);
+            for e in 0..KV {
+                a.store(slot * KV as u32 + e as u32, acc.a[e]);
+                b.store(slot * KV as u32 + e as u32, acc.b[e]);
+            }
+        }
+        sync_threads();
+        let t = thread_idx_x();
+        if t < g.tile_vectors {
+            let load = #[inline(always)]
+            |w: u32| {
+                let slot = w * 32 + t;
+                let mut v = Acc::<KV>::EMPTY;
+                v.n = counts.load(slot);
+                for e in 0..KV {
+                    v.a[e] = a.load(slot * KV as u32 + e as u32);
+                    v.b[e] = b.load(slot * KV as u32 + e as u32);
+                }
+                v
+            };
+            acc = load(0);
+            for w in 1..block_dim_x() / 32 {
+                acc = merge(acc, load(w));
+            }
+        }
+    }
+    acc
+}
+
+#[inline(always)]
+unsafe fn write_partial(partials: *mut BatchNormPartial, at: u32, n: f32, a: f32, b: f32) {
+    *partials.add(at as usize) = BatchNormPartial {
+        count: n,
+        a,
+        b,
+        _pad: 0.0,
+    };
+}
+
+/// Writes a cols block's partials (thread `t < tile_vectors`, for its own features).
+#[inline(always)]
+unsafe fn write_cols_partials<const KV: usize>(
+    g: &BatchNormGeometry,
+    w: &Work,
+    total: Acc<KV>,
+    partials: *mut BatchNormPartial,
+) {
+    if thread_idx_x() < g.tile_vectors && w.active {
+        for e in 0..KV {
+            let at = w.chunk * g.features + w.f0 + e as u32;
+            write_partial(partials, at, total.n, total.a[e], total.b[e]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward statistics
+// ---------------------------------------------------------------------------------------
+
+#[inline(always)]
+unsafe fn fwd_stats_rows<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let w = rows_work(g, block_idx_x());
+    let base = g.feat.offsets(w.f0)[X];
+    let mut acc = Acc::<1>::EMPTY;
+    visit::<FWD_UNROLL, Vec16, _>(
+        w.range(),
+        &mut acc,
+        #[inline(always)]
+        |j| load_raw::<T, KV>(x, base + g.red.offsets(j * KV as u32)[X], true),
+        #[inline(always)]
+        |acc, _, v| {
+            let (mean, m2) = batch_moments(&v.map(unpack::<T, KV>));
+            acc.absorb((FWD_UNROLL * KV) as f32, [mean], [m2]);
+        },
+        #[inline(always)]
+        |acc, _, v| {
+            let (mean, m2) = batch_moments(&[unpack::<T, KV>(v)]);
+            acc.absorb(KV as f32, [mean], [m2]);
+        },
+    );
+    let scratch = crate::shared_array!(Acc<1>, 384);
+    let total = block_reduce(acc, scratch, Acc::EMPTY, merge_moments, Acc::shfl);
+    if thread_idx_x() == 0 {
+        let at = w.chunk * g.features + w.f0;
+        write_partial(partials, at, total.n, total.a[0], total.b[0]);
+    }
+}
+
+#[inline(always)]
+unsafe fn fwd_stats_cols<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let w = cols_work::<KV>(g, block_idx_x());
+    let mut acc = Acc::<KV>::EMPTY;
+    if w.active {
+        let base = g.feat.offsets(w.f0)[X];
+        visit::<FWD_UNROLL, Vec16, _>(
+            w.range(),
+            &mut acc,
+            #[inline(always)]
+            |r| load_raw::<T, KV>(x, base + g.red.offsets(r)[X], true),
+            #[inline(always)]
+            |acc, _, v| {
+                let (mean, m2) = column_moments(&v.map(unpack::<T, KV>));
+                acc.absorb(FWD_UNROLL as f32, mean, m2);
+            },
+            #[inline(always)]
+            |acc, _, v| acc.absorb(1.0, unpack::<T, KV>(v), [0.0; KV]),
+        );
+    }
+    let total = cols_reduce(g, acc, merge_moments);
+    write_cols_partials(g, &w, total, partials);
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward statistics
+// ---------------------------------------------------------------------------------------
+
+/// The mean of feature `f` the backward pass uses: recomputed (workspace coefficients) or
+/// saved by the forward pass.
+#[inline(always)]
+unsafe fn saved_mean(
+    p: &BatchNormStatsParams,
+    f: u32,
+    coef: *const BatchNormCoef,
+    saved: *const f32,
+) -> f32 {
+    if p.flags & bn_flags::STATS_IN_WORKSPACE != 0 {
+        (*coef.add(f as usize)).0[0]
+    } else {
+        *saved.add(p.geo.feat.offsets(f)[PARAM] as usize)
+    }
+}
+
+/// With [`bn_flags::WRITE_GRAD`], stores the masked gradient `g` of one vector as `dz`.
+///
+/// # Safety
+/// `dz + off` holds the vector (checked by the host when the flag is set).
+#[inline(always)]
+unsafe fn write_grad<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    dz: *mut T,
+    off: u64,
+    g: [f32; KV],
+) {
+    if p.flags & bn_flags::WRITE_GRAD != 0 {
+        store::<T, KV>(dz, off, g);
+    }
+}
+
+/// Raw words of the backward inputs of one vector: `x`, `dy`, and `y` (behind a relu).
+type BwdLoad = [Vec16; 3];
+
+/// Loads [`BwdLoad`] at the offsets `o` (slots `X`, `Y`, `Z_OR_DY`); `last`: streaming
+/// loads (the apply pass reads them for the last time).
+///
+/// # Safety
+/// As [`load_raw`] for each operand (`y` only with `relu`).
+#[inline(always)]
+unsafe fn load_bwd<T: Element, const KV: usize>(
+    relu: bool,
+    last: bool,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    o: [u64; 6],
+) -> BwdLoad {
+    let one = |p: *const T, off: u64| {
+        if last {
+            load_last::<T, KV>(p, off)
+        } else {
+            load_raw::<T, KV>(p, off, true)
+        }
+    };
+    let yv = if relu { one(y, o[Y]) } else { [0; 4] };
+    [one(x, o[X]), one(dy, o[Z_OR_DY]), yv]
+}
+
+/// `(g, x)` of one [`BwdLoad`]: the masked gradient and the input.
+#[inline(always)]
+fn grads<T: Element, const KV: usize>(relu: bool, v: BwdLoad) -> ([f32; KV], [f32; KV]) {
+    let (xv, dyv, yv) = (
+        unpack::<T, KV>(v[0]),
+        unpack::<T, KV>(v[1]),
+        unpack::<T, KV>(v[2]),
+    );
+    (core::array::from_fn(|e| masked(relu, dyv[e], yv[e])), xv)
+}
+
+/// Element offsets of every operand: the feature's base plus the reduction offsets.
+#[inline(always)]
+fn plus(base: [u64; 6], o: [u64; 6]) -> [u64; 6] {
+    core::array::from_fn(|k| base[k] + o[k])
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dz: *mut T,
+    coef: *const BatchNormCoef,
+    saved: *const f32,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let relu = p.flags & bn_flags::RELU != 0;
+    let w = rows_work(g, block_idx_x());
+    let base = g.feat.offsets(w.f0);
+    let mean = saved_mean(p, w.f0, coef, saved);
+    let at = #[inline(always)]
+    |j: u32| plus(base, g.red.offsets(j * KV as u32));
+    let mut acc = Acc::<1>::EMPTY;
+    let add = #[inline(always)]
+    |acc: &mut Acc<1>, j: u32, v: BwdLoad| {
+        let (gr, xv) = grads::<T, KV>(relu, v);
+        write_grad::<T, KV>(p, dz, at(j)[DZ], gr);
+        let (mut s, mut sx) = (0.0f32, 0.0f32);
+        for e in 0..KV {
+            s += gr[e];
+            sx += gr[e] * (xv[e] - mean);
+        }
+        acc.add_grads(KV as f32, [s], [sx]);
+    };
+    visit::<BWD_UNROLL, BwdLoad, _>(
+        w.range(),
+        &mut acc,
+        #[inline(always)]
+        |j| load_bwd::<T, KV>(relu, false, x, y, dy, at(j)),
+        #[inline(always)]
+        |acc, j, v| {
+            crate::unrolled!(u in BWD_UNROLL => add(acc, j + u as u32 * w.step, v[u]));
+        },
+        #[inline(always)]
+        |acc, j, v| add(acc, j, v),
+    );
+    let scratch = crate::shared_array!(Acc<1>, 384);
+    let total = block_reduce(acc, scratch, Acc::EMPTY, merge_sums, Acc::shfl);
+    if thread_idx_x() == 0 {
+        let at = w.chunk * g.features + w.f0;
+        write_partial(partials, at, total.n, total.a[0], total.b[0]);
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dz: *mut T,
+    coef: *const BatchNormCoef,
+    saved: *const f32,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let relu = p.flags & bn_flags::RELU != 0;
+    let w = cols_work::<KV>(g, block_idx_x());
+    let mut acc = Acc::<KV>::EMPTY;
+    if w.active {
+        let base = g.feat.offsets(w.f0);
+        let mean: [f32; KV] = core::array::from_fn(|e| saved_mean(p, w.f0 + e as u32, coef, saved));
+        let at = #[inline(always)]
+        |r: u32| plus(base, g.red.offsets(r));
+        let add = #[inline(always)]
+        |acc: &mut Acc<KV>, r: u32, v: BwdLoad| {
+            let (gr, xv) = grads::<T, KV>(relu, v);
+            write_grad::<T, KV>(p, dz, at(r)[DZ], gr);
+            let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
+            acc.add_grads(1.0, gr, gx);
+        };
+        visit::<BWD_UNROLL, BwdLoad, _>(
+            w.range(),
+            &mut acc,
+            #[inline(always)]
+            |r| load_bwd::<T, KV>(relu, false, x, y, dy, at(r)),
+            #[inline(always)]
+            |acc, r, v| {
+                crate::unrolled!(u in BWD_UNROLL => add(acc, r + u as u32 * w.step, v[u]));
+            },
+            #[inline(always)]
+            |acc, r, v| add(acc, r, v),
+        );
+    }
+    let total = cols_reduce(g, acc, merge_sums);
+    write_cols_partials(g, &w, total, partials);
+}
+
+// ---------------------------------------------------------------------------------------
+// Finalize
+// ---------------------------------------------------------------------------------------
+
+/// f64 moments or sums of one feature, merged over its chunks.
+#[derive(Clone, Copy)]
+struct Total {
+    n: f64,
+    a: f64,
+    b: f64,
+}
+
+impl Total {
+    fn shfl(self, mask: u32) -> Self {
+        Total {
+            n: shfl_xor_f64(self.n, mask),
+            a: shfl_xor_f64(self.a, mask),
+            b: shfl_xor_f64(self.b, mask),
+        }
+    }
+}
+
+#[inline(always)]
+fn merge_total_moments(x: Total, y: Total) -> Total {
+    if y.n == 0.0 {
+        return x;
+    }
+    if x.n == 0.0 {
+        return y;
+    }
+    let n = x.n + y.n;
+    let w = y.n / n;
+    let d = y.a - x.a;
+    Total {
+        n,
+        a: x.a + d * w,
+        b: x.b + y.b + d * d * x.n * w,
+    }
+}
+
+#[inline(always)]
+fn merge_total_sums(x: Total, y: Total) -> Total {
+    Total {
+        n: x.n + y.n,
+        a: x.a + y.a,
+        b: x.b + y.b,
+    }
+}
+
+/// The warp of feature `f` merges the feature's partials: lane `l` takes chunks `l, l+32,
+/// ..` in order, then a butterfly; lane 0's result is returned to lane 0 (the others'
+/// differ in rounding and are not used). `None` for warps past the last feature.
+#[inline(always)]
+unsafe fn warp_total(
+    features: u32,
+    chunks: u32,
+    partials: *const BatchNormPartial,
+    merge: impl Fn(Total, Total) -> Total,
+) -> Option<(u32, Total)> {
+    let f = (global_thread_x() / 32) as u32;
+    if f >= features {
+        return None;
+    }
+    let lane = lane_id();
+    let mut t = Total {
+        n: 0.0,
+        a: 0.0,
+        b: 0.0,
+    };
+    let mut c = lane;
+    while c < chunks {
+        let part = *partials.add((c * features + f) as usize);
+        let next = Total {
+            n: part.count as f64,
+            a: part.a as f64,
+            b: part.b as f64,
+        };
+        t = merge(t, next);
+        c += 32;
+    }
+    let mut mask = 16;
+    while mask > 0 {
+        t = merge(t, t.shfl(mask));
+        mask >>= 1;
+    }
+    Some((f, t))
+}
+
+/// `alpha * v + beta * old` in f64, reading `old` only when `beta != 0`.
+#[inline(always)]
+unsafe fn blend_into(p: *mut f32, alpha: f32, v: f64, beta: f32) {
+    let out = if beta == 0.0 {
+        alpha as f64 * v
+    } else {
+        alpha as f64 * v + beta as f64 * *p as f64
+    };
+    *p = out as f32;
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_finalize(
+    p: &BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    scale: *const f32,
+    bias: *const f32,
+    running_mean: *mut f32,
+    running_var: *mut f32,
+    saved_mean: *mut f32,
+    saved_inv_std: *mut f32,
+    coef: *mut BatchNormCoef,
+) {
+    let Some((f, t)) = warp_total(p.features, p.chunks, partials, merge_total_moments) else {
+        return;
+    };
+    if lane_id() != 0 {
+        return;
+    }
+    let var = t.b / t.n;
+    let inv_std = 1.0 / sqrt_f64(var + p.epsilon);
+    let po = p.feat.offsets(f)[PARAM] as usize;
+    let a = if scale.is_null() {
+        0.0
+    } else {
+        *scale.add(po) as f64 * inv_std
+    };
+    let b = if bias.is_null() { 0.0 } else { *bias.add(po) };
+    *coef.add(f as usize) = BatchNormCoef([t.a as f32, inv_std as f32, a as f32, b]);
+    if p.flags & bn_flags::SAVED != 0 {
+        *saved_mean.add(po) = t.a as f32;
+        *saved_inv_std.add(po) = inv_std as f32;
+    }
+    if p.flags & bn_flags::RUNNING != 0 {
+        let unbiased = t.b / (t.n - 1.0);
+        let (rm, rv) = (running_mean.add(po), running_var.add(po));
+        if p.flags & bn_flags::RUNNING_OVERWRITE != 0 {
+            *rm = t.a as f32;
+            *rv = unbiased as f32;
+        } else {
+            let keep = 1.0 - p.factor;
+            *rm = (keep * *rm as f64 + p.factor * t.a) as f32;
+            *rv = (keep * *rv as f64 + p.factor * unbiased) as f32;
+        }
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_finalize(
+    p: &BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    scale: *const f32,
+    saved_mean: *const f32,
+    saved_inv_std: *const f32,
+    stats: *const BatchNormCoef,
+    dscale: *mut f32,
+    dbias: *mut f32,
+    coef: *mut BatchNormCoef,
+) {
+    let Some((f, t)) = warp_total(p.features, p.chunks, partials, merge_total_sums) else {
+        return;
+    };
+    if lane_id() != 0 {
+        return;
+    }
+    let po = p.feat.offsets(f)[PARAM] as usize;
+    let (mean, inv_std) = if p.flags & bn_flags::STATS_IN_WORKSPACE != 0 {
+        let s = (*stats.add(f as usize)).0;
+        (s[0], s[1] as f64)
+    } else {
+        (*saved_mean.add(po), *saved_inv_std.add(po) as f64)
+    };
+    let ds = t.b * inv_std;
+    blend_into(dscale.add(po), p.alpha, ds, p.beta);
+    blend_into(dbias.add(po), p.alpha, t.a, p.beta);
+    let c1 = *scale.add(po) as f64 * inv_std;
+    let c2 = -c1 * inv_std * ds / t.n;
+    let c3 = -c1 * t.a / t.n;
+    *coef.add(f as usize) = BatchNormCoef([mean, c1 as f32, c2 as f32, c3 as f32]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Apply
+// ---------------------------------------------------------------------------------------
+
+/// Forward coefficients `(mean, a, bias)` of feature `f`: `y = (x - mean) a + bias`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_coef(
+    p: &BatchNormApplyParams,
+    f: u32,
+    coef: *const BatchNormCoef,
+    scale: *const f32,
+    bias: *const f32,
+    mean: *const f32,
+    var: *const f32,
+) -> [f32; 3] {
+    if p.flags & bn_flags::COEF_FROM_PARAMS != 0 {
+        let po = p.geo.feat.offsets(f)[PARAM] as usize;
+        let inv_std = 1.0 / sqrt(*var.add(po) + p.epsilon);
+        [*mean.add(po), *scale.add(po) * inv_std, *bias.add(po)]
+    } else {
+        let c = (*coef.add(f as usize)).0;
+        [c[0], c[2], c[3]]
+    }
+}
+
+/// The pointers of a forward apply pass.
+#[derive(Clone, Copy)]
+struct FwdIo<T> {
+    x: *const T,
+    z: *const T,
+    y: *mut T,
+}
+
+/// Raw words of the forward inputs of one vector: `x`, `z` (with `ADD`).
+type FwdLoad = [Vec16; 2];
+
+/// Makes and stores the forward output of one vector at offsets `o`, reading the old `y`
+/// only when `beta != 0`; `c[e]` are the coefficients of the vector's element `e`.
+///
+/// # Safety
+/// The offsets are in bounds of their operands.
+#[inline(always)]
+unsafe fn fwd_one<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: FwdIo<T>,
+    c: &[[f32; 3]; KV],
+    o: [u64; 6],
+    v: FwdLoad,
+) {
+    let (xv, zv) = (unpack::<T, KV>(v[0]), unpack::<T, KV>(v[1]));
+    let old = if p.beta != 0.0 {
+        load::<T, KV>(io.y, o[Y], false)
+    } else {
+        [0.0; KV]
+    };
+    let mut out = [0.0f32; KV];
+    crate::unrolled!(e in KV => {
+        let mut v = (xv[e] - c[e][0]) * c[e][1] + c[e][2];
+        if p.flags & bn_flags::ADD != 0 {
+            v += zv[e];
+        }
+        if p.flags & bn_flags::RELU != 0 {
+            v = relu(v);
+        }
+        out[e] = blend(p.alpha, v, p.beta, || old[e]);
+    });
+    store_last::<T, KV>(io.y, o[Y], out);
+}
+
+/// Loads [`FwdLoad`] at offsets `o`.
+///
+/// # Safety
+/// As [`load_raw`] for `x` and (with `ADD`) `z`.
+#[inline(always)]
+unsafe fn load_fwd<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: FwdIo<T>,
+    o: [u64; 6],
+) -> FwdLoad {
+    let z = if p.flags & bn_flags::ADD != 0 {
+        load_last::<T, KV>(io.z, o[Z_OR_DY])
+    } else {
+        [0; 4]
+    };
+    [load_last::<T, KV>(io.x, o[X]), z]
+}
+
+/// The forward apply pass over one thread's work: vector `i` at `base + red(i * mul)`.
+#[inline(always)]
+unsafe fn fwd_apply<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: FwdIo<T>,
+    w: &Work,
+    base: [u64; 6],
+    mul: u32,
+    c: &[[f32; 3]; KV],
+) {
+    let g = &p.geo;
+    let at = #[inline(always)]
+    |i: u32| plus(base, g.red.offsets(i * mul));
+    visit::<FWD_UNROLL, FwdLoad, _>(
+        w.range(),
+        &mut (),
+        #[inline(always)]
+        |i| load_fwd::<T, KV>(p, io, at(i)),
+        #[inline(always)]
+        |_, i, v| {
+            crate::unrolled!(u in FWD_UNROLL => {
+                fwd_one::<T, KV>(p, io, c, at(i + u as u32 * w.step), v[u])
+            });
+        },
+        #[inline(always)]
+        |_, i, v| fwd_one::<T, KV>(p, io, c, at(i), v),
+    );
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_apply_rows<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: FwdIo<T>,
+    coef: *const BatchNormCoef,
+    scale: *const f32,
+    bias: *const f32,
+    mean: *const f32,
+    var: *const f32,
+) {
+    let g = &p.geo;
+    let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
+    let base = g.feat.offsets(w.f0);
+    let c = [fwd_coef(p, w.f0, coef, scale, bias, mean, var); KV];
+    fwd_apply::<T, KV>(p, io, &w, base, KV as u32, &c);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: FwdIo<T>,
+    coef: *const BatchNormCoef,
+    scale: *const f32,
+    bias: *const f32,
+    mean: *const f32,
+    var: *const f32,
+) {
+    let g = &p.geo;
+    let w = cols_work::<KV>(g, grid_dim_x() - 1 - block_idx_x());
+    if !w.active {
+        return;
+    }
+    let c: [[f32; 3]; KV] =
+        core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var));
+    fwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), 1, &c);
+}
+
+/// The pointers of a backward apply pass.
+#[derive(Clone, Copy)]
+struct BwdIo<T> {
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+    dz: *mut T,
+}
+
+/// Makes and stores the backward outputs of one vector at offsets `o`: `dx` and (with
+/// `ADD`) `dz`; `c[e]` are the coefficients `(mean, c1, c2, c3)` of element `e`.
+///
+/// # Safety
+/// The offsets are in bounds of their operands.
+#[inline(always)]
+unsafe fn bwd_one<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: BwdIo<T>,
+    c: &[[f32; 4]; KV],
+    o: [u64; 6],
+    v: BwdLoad,
+) {
+    let (grad, xv) = grads::<T, KV>(p.flags & bn_flags::RELU != 0, v);
+    let read_old = p.beta != 0.0;
+    let old = if read_old {
+        load::<T, KV>(io.dx, o[DX], false)
+    } else {
+        [0.0; KV]
+    };
+    let mut out = [0.0f32; KV];
+    crate::unrolled!(e in KV => {
+        let [mean, c1, c2, c3] = c[e];
+        let d = c1 * grad[e] + c2 * (xv[e] - mean) + c3;
+        out[e] = blend(p.alpha, d, p.beta, || old[e]);
+    });
+    store_last::<T, KV>(io.dx, o[DX], out);
+    if p.flags & bn_flags::ADD != 0 {
+        let old = if read_old {
+            load::<T, KV>(io.dz, o[DZ], false)
+        } else {
+            [0.0; KV]
+        };
+        crate::unrolled!(e in KV => out[e] = blend(p.alpha, grad[e], p.beta, || old[e]));
+        store_last::<T, KV>(io.dz, o[DZ], out);
+    }
+}
+
+/// The backward apply pass over one thread's work: vector `i` at `base + red(i * mul)`.
+#[inline(always)]
+unsafe fn bwd_apply<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: BwdIo<T>,
+    w: &Work,
+    base: [u64; 6],
+    mul: u32,
+    c: &[[f32; 4]; KV],
+) {
+    let g = &p.geo;
+    let relu = p.flags & bn_flags::RELU != 0;
+    let at = #[inline(always)]
+    |i: u32| plus(base, g.red.offsets(i * mul));
+    visit::<BWD_UNROLL, BwdLoad, _>(
+        w.range(),
+        &mut (),
+        #[inline(always)]
+        |i| load_bwd::<T, KV>(relu, true, io.x, io.y, io.dy, at(i)),
+        #[inline(always)]
+        |_, i, v| {
+            crate::unrolled!(u in BWD_UNROLL => {
+                bwd_one::<T, KV>(p, io, c, at(i + u as u32 * w.step), v[u])
+            });
+        },
+        #[inline(always)]
+        |_, i, v| bwd_one::<T, KV>(p, io, c, at(i), v),
+    );
+}
+
+#[inline(always)]
+unsafe fn bwd_apply_rows<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: BwdIo<T>,
+    coef: *const BatchNormCoef,
+) {
+    let g = &p.geo;
+    let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
+    let c = [(*coef.add(w.f0 as usize)).0; KV];
+    bwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), KV as u32, &c);
+}
+
+#[inline(always)]
+unsafe fn bwd_apply_cols<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: BwdIo<T>,
+    coef: *const BatchNormCoef,
+) {
+    let g = &p.geo;
+    let w = cols_work::<KV>(g, grid_dim_x() - 1 - block_idx_x());
+    if !w.active {
+        return;
+    }
+    let c: [[f32; 4]; KV] = core::array::from_fn(|e| (*coef.add(w.f0 as usize + e)).0);
+    bwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), 1, &c);
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------
+
+/// Calls `$f::<$T, K>(args)` with `K` = 1 (scalar) or a 16-byte vector of `$T`, as the
+/// geometry's `vector` says.
+macro_rules! by_width {
+    ($T:ty, $vector:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        if $vector == 1 {
+            $f::<$T, 1>($($arg),*)
+        } else {
+            $f::<$T, { 16 / size_of::<$T>() }>($($arg),*)
+        }
+    };
+}
+
+macro_rules! batch_norm_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// `x` covers the tensor `p.geo` describes; `partials` holds `chunks *
+            /// features` entries. Rows mapping: `features * chunks` blocks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_stats_rows_ $dt>](
+                p: BatchNormStatsParams, x: *const $T, partials: *mut BatchNormPartial,
+            ) {
+                by_width!($T, p.geo.vector, fwd_stats_rows(&p, x, partials))
+            }
+
+            /// # Safety
+            /// As the rows kernel; cols mapping: `tiles * chunks` blocks of
+            /// `BN_BLOCK_THREADS` with `BN_COLS_SHARED_BYTES` of dynamic shared memory.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_stats_cols_ $dt>](
+                p: BatchNormStatsParams, x: *const $T, partials: *mut BatchNormPartial,
+            ) {
+                by_width!($T, p.geo.vector, fwd_stats_cols(&p, x, partials))
+            }
+
+            /// # Safety
+            /// `x`, `y` (with `RELU`), `dy`, `dz` (with `WRITE_GRAD`) cover their tensors;
+            /// `coef` (with `STATS_IN_WORKSPACE`) holds `features` coefficients, else
+            /// `saved_mean` covers the per-feature tensor; `partials` as for the forward
+            /// kernels.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_stats_rows_ $dt>](
+                p: BatchNormStatsParams, x: *const $T, y: *const $T, dy: *const $T,
+                dz: *mut $T, coef: *const BatchNormCoef, saved_mean: *const f32,
+                partials: *mut BatchNormPartial,
+            ) {
+                by_width!($T, p.geo.vector, bwd_stats_rows(&p, x, y, dy, dz, coef, saved_mean, partials))
+            }
+
+            /// # Safety
+            /// As `batch_norm_bwd_stats_rows_*`, cols mapping (with
+            /// `BN_COLS_SHARED_BYTES` of dynamic shared memory).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_stats_cols_ $dt>](
+                p: BatchNormStatsParams, x: *const $T, y: *const $T, dy: *const $T,
+                dz: *mut $T, coef: *const BatchNormCoef, saved_mean: *const f32,
+                partials: *mut BatchNormPartial,
+            ) {
+                by_width!($T, p.geo.vector, bwd_stats_cols(&p, x, y, dy, dz, coef, saved_mean, partials))
+            }
+
+            /// # Safety
+            /// `x`, `z` (with `ADD`), `y` cover their tensors; `coef` holds `features`
+            /// coefficients, or (with `COEF_FROM_PARAMS`) `scale`, `bias`, `mean`, `var`
+            /// cover the per-feature tensor.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_apply_rows_ $dt>](
+                p: BatchNormApplyParams, x: *const $T, z: *const $T, y: *mut $T,
+                coef: *const BatchNormCoef, scale: *const f32, bias: *const f32,
+                mean: *const f32, var: *const f32,
+            ) {
+                let io = FwdIo { x, z, y };
+                by_width!($T, p.geo.vector, fwd_apply_rows(&p, io, coef, scale, bias, mean, var))
+            }
+
+            /// # Safety
+            /// As `batch_norm_fwd_apply_rows_*`, cols mapping.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_apply_cols_ $dt>](
+                p: BatchNormApplyParams, x: *const $T, z: *const $T, y: *mut $T,
+                coef: *const BatchNormCoef, scale: *const f32, bias: *const f32,
+                mean: *const f32, var: *const f32,
+            ) {
+                let io = FwdIo { x, z, y };
+                by_width!($T, p.geo.vector, fwd_apply_cols(&p, io, coef, scale, bias, mean, var))
+            }
+
+            /// # Safety
+            /// `x`, `y` (with `RELU`), `dy`, `dx`, `dz` (with `ADD`) cover their tensors;
+            /// `coef` holds `features` backward coefficients.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_apply_rows_ $dt>](
+                p: BatchNormApplyParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, coef: *const BatchNormCoef,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz };
+                by_width!($T, p.geo.vector, bwd_apply_rows(&p, io, coef))
+            }
+
+            /// # Safety
+            /// As `batch_norm_bwd_apply_rows_*`, cols mapping.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_apply_cols_ $dt>](
+                p: BatchNormApplyParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, coef: *const BatchNormCoef,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz };
+                by_width!($T, p.geo.vector, bwd_apply_cols(&p, io, coef))
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(batch_norm_entry_points);
+
+/// # Safety
+/// `partials` holds `chunks * features` entries of a forward stats pass; `coef` holds
+/// `features`; the per-feature pointers cover the per-feature tensor (`scale`, `bias` may
+/// be null: their coefficients are then 0; the running and saved pointers are used only
+/// with their flags). One warp per feature.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn batch_norm_fwd_finalize(
+    p: BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    scale: *const f32,
+    bias: *const f32,
+    running_mean: *mut f32,
+    running_var: *mut f32,
+    saved_mean: *mut f32,
+    saved_inv_std: *mut f32,
+    coef: *mut BatchNormCoef,
+) {
+    fwd_finalize(
+        &p,
+        partials,
+        scale,
+        bias,
+        running_mean,
+        running_var,
+        saved_mean,
+        saved_inv_std,
+        coef,
+    )
+}
+
+/// # Safety
+/// `partials` holds `chunks * features` entries of a backward stats pass; `stats` (with
+/// `STATS_IN_WORKSPACE`) the forward coefficients, else `saved_mean` and `saved_inv_std`
+/// cover the per-feature tensor, as do `scale`, `dscale`, `dbias`; `coef` holds
+/// `features`. One warp per feature.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "ptx-kernel" fn batch_norm_bwd_finalize(
+    p: BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    scale: *const f32,
+    saved_mean: *const f32,
+    saved_inv_std: *const f32,
+    stats: *const BatchNormCoef,
+    dscale: *mut f32,
+    dbias: *mut f32,
+    coef: *mut BatchNormCoef,
+) {
+    bwd_finalize(
+        &p,
+        partials,
+        scale,
+        saved_mean,
+        saved_inv_std,
+        stats,
+        dscale,
+        dbias,
+        coef,
+    )
+}

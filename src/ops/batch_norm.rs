@@ -1,0 +1,1445 @@
+//! Batch normalization (cudnnBatchNormalizationForwardTraining / ForwardInference /
+//! Backward, and the `Ex` forms with a fused residual add and relu).
+//!
+//! Modes: [`BatchNormMode::Spatial`] normalizes each channel over `N, [D,] H, W`;
+//! [`BatchNormMode::PerActivation`] each `C, [D,] H, W` position over `N`. The per-feature
+//! tensors (scale, bias, running and saved statistics, their gradients) share one
+//! descriptor, [`derive_batch_norm_descriptor`]'s (f32 for f32/f16/bf16 data). Data
+//! tensors are 4-D or 5-D with any strides (NCHW, NHWC, padded, ...).
+//!
+//! Training (forward and backward) needs a workspace
+//! ([`batch_norm_forward_training_workspace_size`], [`batch_norm_backward_workspace_size`]):
+//! the GPU reduces each feature in chunks, leaves the chunks' partial statistics there and
+//! combines them in a fixed order, so results are deterministic (bitwise, for a given
+//! shape and device) without atomics. Statistics are Welford/Chan moments, accumulated in
+//! f32 and combined across chunks in f64.
+//!
+//! ```
+//! use oxidnn::*;
+//! let (handle, _) = Handle::gpu_or_cpu();
+//! let x_desc = TensorDescriptor::nchw(DataType::F32, 2, 1, 1, 2)?;
+//! let x = handle.upload(&[1.0f32, 3.0, 5.0, 7.0])?; // one channel: mean 4, variance 5
+//! let mut y = handle.alloc(&x_desc)?;
+//! let bn = BatchNormDescriptor::new(BatchNormMode::Spatial, 0.0)?;
+//! let p_desc = derive_batch_norm_descriptor(&x_desc, BatchNormMode::Spatial)?;
+//! let scale = handle.upload(&[2.0f32])?;
+//! let bias = handle.upload(&[1.0f32])?;
+//! let (mut mean, mut inv_std) = (handle.alloc(&p_desc)?, handle.alloc(&p_desc)?);
+//! let ws_bytes = batch_norm_forward_training_workspace_size(&handle, &bn, &x_desc)?;
+//! let mut ws = handle.alloc_bytes(ws_bytes)?;
+//! batch_norm_forward_training(
+//!     &handle, &bn, 1.0, 0.0, &x_desc, &x, None, &x_desc, &mut y,
+//!     &p_desc, &scale, &bias, None,
+//!     Some(SavedStats { mean: &mut mean, inv_std: &mut inv_std }), &mut ws,
+//! )?;
+//! assert_eq!(handle.read::<f32>(&mean)?, [4.0]);
+//! let y = handle.read::<f32>(&y)?; // 2 (x - 4) / sqrt(5) + 1
+//! assert!((y[3] - (1.0 + 6.0 / 5f32.sqrt())).abs() < 1e-5);
+//! # Ok::<(), oxidnn::Error>(())
+//! ```
+
+use super::activation::{ActivationDescriptor, ActivationMode};
+use super::layout::{fold, Folded};
+use super::{host_read, host_write, scale_factor};
+use crate::buffer::Buffer;
+use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::handle::{Backend, Handle};
+use crate::host_tensor::HostTensor;
+use crate::kernels;
+use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
+use crate::reference::batch_norm as reference;
+use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
+use oxidnn_params::{
+    bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormGeometry,
+    BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES,
+    BN_FINALIZE_THREADS_PER_FEATURE,
+};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// The smallest epsilon cuDNN 9 accepts (`CUDNN_BN_MIN_EPSILON`, `cudnn_ops.h`: 0.0).
+pub const BN_MIN_EPSILON: f64 = 0.0;
+
+/// Which elements share statistics (cuDNN's `cudnnBatchNormMode_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BatchNormMode {
+    /// One feature per `C, [D,] H, W` position, normalized over `N`; per-feature tensors
+    /// are `1 x C x [D x] H x W`.
+    PerActivation,
+    /// One feature per channel, normalized over `N, [D,] H, W`; per-feature tensors are
+    /// `1 x C x 1 x 1 [x 1]`.
+    Spatial,
+}
+
+/// What follows the normalization (cuDNN's `cudnnBatchNormOps_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BatchNormOps {
+    /// Normalization only.
+    Bn,
+    /// `act(bn(x))`.
+    BnActivation,
+    /// `act(bn(x) + z)` with a residual `z`.
+    BnAddActivation,
+}
+
+/// Mode, fused ops and epsilon of a batch normalization.
+///
+/// The activation of the fused ops is relu (the one cuDNN's fused batch-norm kernels
+/// take). Backward derives the relu mask from the forward output: `y > 0`, which is the
+/// mask of the pre-activation when the forward ran with `alpha > 0, beta = 0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchNormDescriptor {
+    mode: BatchNormMode,
+    ops: BatchNormOps,
+    epsilon: f64,
+}
+
+impl BatchNormDescriptor {
+    /// Normalization only; `epsilon` must be finite and at least [`BN_MIN_EPSILON`].
+    pub fn new(mode: BatchNormMode, epsilon: f64) -> Result<Self> {
+        if !epsilon.is_finite() || epsilon < BN_MIN_EPSILON {
+            return Err(Error::bad(
+                "epsilon",
+                format!(
+                    "must be finite and >= CUDNN_BN_MIN_EPSILON ({BN_MIN_EPSILON}), got {epsilon}"
+                ),
+            ));
+        }
+        Ok(Self {
+            mode,
+            ops: BatchNormOps::Bn,
+            epsilon,
+        })
+    }
+
+    /// The same normalization followed by `ops` with `activation` (which must be relu when
+    /// `ops` is not [`BatchNormOps::Bn`]).
+    pub fn with_ops(self, ops: BatchNormOps, activation: &ActivationDescriptor) -> Result<Self> {
+        if ops != BatchNormOps::Bn && activation.mode() != ActivationMode::Relu {
+            return Err(Error::unsupported(format!(
+                "batch norm fused with {:?}: only relu is fused",
+                activation.mode()
+            )));
+        }
+        Ok(Self { ops, ..self })
+    }
+
+    /// `relu(bn(x))`.
+    pub fn with_relu(self) -> Self {
+        Self {
+            ops: BatchNormOps::BnActivation,
+            ..self
+        }
+    }
+
+    /// `relu(bn(x) + z)`.
+    pub fn with_add_relu(self) -> Self {
+        Self {
+            ops: BatchNormOps::BnAddActivation,
+            ..self
+        }
+    }
+
+    pub fn mode(&self) -> BatchNormMode {
+        self.mode
+    }
+    pub fn ops(&self) -> BatchNormOps {
+        self.ops
+    }
+    pub fn epsilon(&self) -> f64 {
+        self.epsilon
+    }
+}
+
+/// The descriptor of the per-feature tensors for data `x_desc` in `mode`
+/// (cudnnDeriveBNTensorDescriptor): dims `1 x C x 1 x 1` (spatial) or `1 x C x H x W`
+/// (per-activation), packed, f32 for f32/f16/bf16 data and f64 for f64 data.
+pub fn derive_batch_norm_descriptor(
+    x_desc: &TensorDescriptor,
+    mode: BatchNormMode,
+) -> Result<TensorDescriptor> {
+    check_rank("x_desc", x_desc)?;
+    let dims: Vec<usize> = x_desc
+        .dims()
+        .iter()
+        .enumerate()
+        .map(|(d, &n)| match d {
+            0 => 1,
+            1 => n,
+            _ if mode == BatchNormMode::Spatial => 1,
+            _ => n,
+        })
+        .collect();
+    TensorDescriptor::packed(param_dtype(x_desc.dtype()), &dims)
+}
+
+/// Running (estimated) statistics that training updates in place:
+/// `running = (1 - factor) * running + factor * batch`. With `factor == 1` (the first call
+/// of a cumulative average) they are overwritten and not read.
+#[derive(Debug)]
+pub struct RunningStats<'a> {
+    pub factor: f64,
+    pub mean: &'a mut Buffer,
+    /// Updated with the unbiased batch variance `var * m / (m - 1)`.
+    pub variance: &'a mut Buffer,
+}
+
+/// Where forward training saves the batch mean and `1 / sqrt(var + epsilon)` (biased
+/// variance) for the backward pass.
+#[derive(Debug)]
+pub struct SavedStats<'a> {
+    pub mean: &'a mut Buffer,
+    pub inv_std: &'a mut Buffer,
+}
+
+/// The saved statistics as backward reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct SavedStatsRef<'a> {
+    pub mean: &'a Buffer,
+    pub inv_std: &'a Buffer,
+}
+
+/// The estimated mean and variance inference normalizes with.
+#[derive(Clone, Copy, Debug)]
+pub struct EstimatedStats<'a> {
+    pub mean: &'a Buffer,
+    pub variance: &'a Buffer,
+}
+
+// ---------------------------------------------------------------------------------------
+// Validation
+// ---------------------------------------------------------------------------------------
+
+fn param_dtype(data: DataType) -> DataType {
+    match data {
+        DataType::F64 => DataType::F64,
+        _ => DataType::F32,
+    }
+}
+
+fn check_rank(arg: &'static str, d: &TensorDescriptor) -> Result<()> {
+    if (4..=5).contains(&d.rank()) {
+        Ok(())
+    } else {
+        Err(Error::bad(
+            arg,
+            format!(
+                "batch normalization takes 4-D (N, C, H, W) or 5-D (N, C, D, H, W) tensors, got {} dims",
+                d.rank()
+            ),
+        ))
+    }
+}
+
+/// A data tensor that must match `x` in dims and dtype.
+fn check_like_x(
+    arg: &'static str,
+    x_desc: &TensorDescriptor,
+    d: &TensorDescriptor,
+    output: bool,
+) -> Result<()> {
+    check_same_dims(arg, x_desc, d)?;
+    check_same_dtype(arg, x_desc, d)?;
+    if output {
+        check_output(arg, d)?;
+    }
+    Ok(())
+}
+
+/// The per-feature descriptor must have the derived dims and dtype (any non-overlapping
+/// strides).
+fn check_params_desc(
+    x_desc: &TensorDescriptor,
+    mode: BatchNormMode,
+    p_desc: &TensorDescriptor,
+) -> Result<()> {
+    let want = derive_batch_norm_descriptor(x_desc, mode)?;
+    if p_desc.dims() != want.dims() {
+        return Err(Error::bad(
+            "bn_desc",
+            format!(
+                "dims {:?} differ from {:?} ({mode:?} batch norm of x {:?})",
+                p_desc.dims(),
+                want.dims(),
+                x_desc.dims()
+            ),
+        ));
+    }
+    if p_desc.dtype() != want.dtype() {
+        return Err(Error::bad(
+            "bn_desc",
+            format!(
+                "per-feature tensors of {} data are {}, got {}",
+                x_desc.dtype(),
+                want.dtype(),
+                p_desc.dtype()
+            ),
+        ));
+    }
+    check_output("bn_desc", p_desc)
+}
+
+/// Reduction elements per feature.
+fn reduction_len(mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
+    match mode {
+        BatchNormMode::Spatial => x_desc.element_count() / x_desc.dims()[1],
+        BatchNormMode::PerActivation => x_desc.dims()[0],
+    }
+}
+
+fn check_training_len(mode: BatchNormMode, x_desc: &TensorDescriptor) -> Result<()> {
+    let m = reduction_len(mode, x_desc);
+    if m < 2 {
+        return Err(Error::bad(
+            "x_desc",
+            format!(
+                "training needs more than one value per feature ({mode:?} batch norm of {:?} has {m}); \
+                 the unbiased variance of one value is undefined",
+                x_desc.dims()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_factor(factor: f64) -> Result<()> {
+    if factor.is_finite() && (0.0..=1.0).contains(&factor) {
+        Ok(())
+    } else {
+        Err(Error::bad(
+            "exponential_average_factor",
+            format!("must be in [0, 1], got {factor}"),
+        ))
+    }
+}
+
+/// `Some` exactly when the fused ops use the operand.
+fn check_presence<T>(arg: &'static str, needed: bool, got: &Option<T>, what: &str) -> Result<()> {
+    match (needed, got.is_some()) {
+        (true, false) => Err(Error::bad(arg, format!("required with {what}"))),
+        (false, true) => Err(Error::bad(arg, format!("only used with {what}; pass None"))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks every per-feature buffer against the descriptor.
+fn check_param_buffers(
+    handle: &Handle,
+    p_desc: &TensorDescriptor,
+    buffers: &[(&'static str, &Buffer)],
+) -> Result<()> {
+    buffers
+        .iter()
+        .try_for_each(|(arg, b)| handle.check_tensor(arg, p_desc, b))
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU planning
+// ---------------------------------------------------------------------------------------
+
+/// How the GPU kernels walk a problem.
+struct Plan {
+    /// The stats kernels' geometry (its chunks are the partials' chunks).
+    geo: BatchNormGeometry,
+    /// The apply kernels' geometry: the same but for its chunks.
+    apply_geo: BatchNormGeometry,
+    /// Cols mapping (features contiguous) or rows mapping (reduction contiguous).
+    cols: bool,
+    /// Blocks of the stats and of the apply kernels.
+    blocks: u32,
+    apply_blocks: u32,
+}
+
+/// Logical dims of `x` that index features and that are reduced.
+fn split_dims(mode: BatchNormMode, rank: usize) -> (Vec<usize>, Vec<usize>) {
+    match mode {
+        BatchNormMode::Spatial => (vec![1], [0].into_iter().chain(2..rank).collect()),
+        BatchNormMode::PerActivation => ((1..rank).collect(), vec![0]),
+    }
+}
+
+/// Smallest stride of `x` over the dims `ds` of extent > 1 (`usize::MAX` if none).
+fn inner_stride(x_desc: &TensorDescriptor, ds: &[usize]) -> usize {
+    ds.iter()
+        .filter(|&&d| x_desc.dims()[d] > 1)
+        .map(|&d| x_desc.strides()[d])
+        .min()
+        .unwrap_or(usize::MAX)
+}
+
+/// Whether the cols mapping suits `x`: its features are closer together than its
+/// reduction elements (NHWC spatial, most per-activation layouts).
+fn use_cols(mode: BatchNormMode, x_desc: &TensorDescriptor) -> bool {
+    let (feat, red) = split_dims(mode, x_desc.rank());
+    inner_stride(x_desc, &feat) < inner_stride(x_desc, &red)
+}
+
+/// Elements of a 16-byte vector of `dtype`.
+fn vector_elements(dtype: DataType) -> usize {
+    16 / dtype.size_bytes()
+}
+
+/// Feature vectors per cols tile for `vectors` feature vectors: a power of two up to 32.
+fn tile_vectors(vectors: usize) -> u32 {
+    vectors.next_power_of_two().clamp(1, 32) as u32
+}
+
+/// Launch-shape settings: `[rows waves, rows vectors per thread, cols waves, cols rows per
+/// thread]`. Each can be overridden for tuning experiments through the environment
+/// (`OXIDNN_BN_ROWS_WAVES`, `OXIDNN_BN_ROWS_VECTORS_PER_THREAD`, `OXIDNN_BN_COLS_WAVES`,
+/// `OXIDNN_BN_COLS_ROWS_PER_THREAD`), read once per process.
+fn tuning() -> [usize; 4] {
+    static TUNING: OnceLock<[usize; 4]> = OnceLock::new();
+    *TUNING.get_or_init(|| {
+        let knob = |name: &str, default: usize| {
+            std::env::var(format!("OXIDNN_BN_{name}"))
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .unwrap_or(default)
+        };
+        [
+            knob("ROWS_WAVES", 4),
+            knob("ROWS_VECTORS_PER_THREAD", 4),
+            knob("COLS_WAVES", 1),
+            knob("COLS_ROWS_PER_THREAD", 16),
+        ]
+    })
+}
+
+/// The GPU a problem runs on: SMs, and how many blocks of its stats and of its apply
+/// kernel each SM runs at once.
+#[derive(Clone, Copy, Debug)]
+struct Occupancy {
+    sms: usize,
+    stats: usize,
+    apply: usize,
+}
+
+impl Occupancy {
+    /// For the kernels of `x_desc`'s mapping in one direction (cached per device and
+    /// kernel).
+    fn of(
+        gpu: &Gpu,
+        mode: BatchNormMode,
+        x_desc: &TensorDescriptor,
+        forward: bool,
+    ) -> Result<Self> {
+        let cols = use_cols(mode, x_desc);
+        let dtype = x_desc.dtype();
+        let stats = stats_kernel(cols, dtype, forward)?;
+        let apply = apply_kernel(cols, dtype, forward)?;
+        let stats_smem = if cols { BN_COLS_SHARED_BYTES } else { 0 };
+        Ok(Self {
+            sms: gpu.sm_count.max(1) as usize,
+            stats: resident(gpu, stats, stats_smem)?,
+            apply: resident(gpu, apply, 0)?,
+        })
+    }
+}
+
+/// Blocks of `kernel` one SM of `gpu` runs at once.
+fn resident(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<usize> {
+    type Cache = Mutex<HashMap<(String, &'static str), usize>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (gpu.name.clone(), kernel);
+    if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(n);
+    }
+    let n = gpu.resident_blocks(kernel, BN_BLOCK_THREADS, shared_bytes)? as usize;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, n);
+    Ok(n)
+}
+
+/// Chunks to split each feature's reduction into for a kernel of which `resident` blocks
+/// fit on an SM. Rows mapping: several waves of short blocks (one feature each, little
+/// setup), so the last wave's tail is small. Cols mapping: about one full wave of long
+/// blocks, since each thread first loads the coefficients of its features. Either way
+/// every thread keeps a few groups of loads in flight. The count does not depend on the
+/// vector width the plan ends up with (it assumes full vectors), so the workspace size
+/// depends on `x_desc` alone.
+fn chunks_for(
+    mode: BatchNormMode,
+    x_desc: &TensorDescriptor,
+    sms: usize,
+    resident: usize,
+) -> usize {
+    let [rows_waves, rows_vpt, cols_waves, cols_rpt] = tuning();
+    let (f, m) = (
+        x_desc.element_count() / reduction_len(mode, x_desc),
+        reduction_len(mode, x_desc),
+    );
+    let k = vector_elements(x_desc.dtype());
+    let threads = BN_BLOCK_THREADS as usize;
+    let (waves, units, min_per_chunk) = if use_cols(mode, x_desc) {
+        let tv = tile_vectors(f.div_ceil(k)) as usize;
+        let tiles = f.div_ceil(k).div_ceil(tv);
+        (cols_waves, tiles, threads / tv * cols_rpt)
+    } else {
+        (rows_waves, f, threads * rows_vpt * k)
+    };
+    (waves * sms * resident)
+        .div_ceil(units)
+        .min((m / min_per_chunk).max(1))
+        .clamp(1, 65_535)
+}
+
+/// Bytes of the workspace regions: partials, then the forward coefficients, then (backward)
+/// the backward coefficients.
+struct WorkspaceLayout {
+    partials: usize,
+    coef: usize,
+    bwd_coef: usize,
+    total: usize,
+}
+
+fn workspace_layout(
+    mode: BatchNormMode,
+    x_desc: &TensorDescriptor,
+    occ: Occupancy,
+    backward: bool,
+) -> WorkspaceLayout {
+    let f = x_desc.element_count() / reduction_len(mode, x_desc);
+    let chunks = chunks_for(mode, x_desc, occ.sms, occ.stats);
+    let partials = chunks * f * size_of::<BatchNormPartial>();
+    let coef_bytes = f * size_of::<BatchNormCoef>();
+    WorkspaceLayout {
+        partials: 0,
+        coef: partials,
+        bwd_coef: partials + coef_bytes,
+        total: partials + coef_bytes * if backward { 2 } else { 1 },
+    }
+}
+
+/// The operands of a GPU problem: descriptor and device address per slot
+/// (`bn_operand`), `None` where unused.
+type Operands<'a> = [Option<(&'a TensorDescriptor, u64)>; COUNT];
+
+/// Whether every used data operand allows `k`-element vectors along folded map `along`
+/// (innermost dim contiguous, its extent and every other stride multiples of `k`, base
+/// addresses 16-byte aligned).
+fn vectorizable(
+    k: usize,
+    ops: &Operands<'_>,
+    along: &Folded<COUNT>,
+    other: &Folded<COUNT>,
+) -> bool {
+    let Some(&inner) = along.dims.last() else {
+        return false;
+    };
+    if inner % k != 0 {
+        return false;
+    }
+    let last = along.dims.len() - 1;
+    (0..PARAM).filter(|&s| ops[s].is_some()).all(|s| {
+        let addr_ok = ops[s].is_some_and(|(_, addr)| addr % 16 == 0);
+        let inner_ok = along.strides[s][last] == 1;
+        let rest_ok = along.strides[s][..last]
+            .iter()
+            .chain(other.strides[s].iter())
+            .all(|&st| st % k == 0);
+        addr_ok && inner_ok && rest_ok
+    })
+}
+
+fn plan_problem(
+    mode: BatchNormMode,
+    x_desc: &TensorDescriptor,
+    p_desc: &TensorDescriptor,
+    ops: &Operands<'_>,
+    occ: Occupancy,
+) -> Result<Plan> {
+    let rank = x_desc.rank();
+    let (feat_dims, red_dims) = split_dims(mode, rank);
+    // Strides per slot over all logical dims (0 for unused operands, and for the
+    // per-feature tensors along reduced dims).
+    let strides: [Vec<usize>; COUNT] = std::array::from_fn(|s| {
+        if s == PARAM {
+            (0..rank)
+                .map(|d| {
+                    if feat_dims.contains(&d) {
+                        p_desc.strides()[d]
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        } else {
+            match ops[s] {
+                Some((desc, _)) => desc.strides().to_vec(),
+                None => vec![0; rank],
+            }
+        }
+    });
+    let fold_over = |ds: &[usize]| {
+        let dims: Vec<usize> = ds.iter().map(|&d| x_desc.dims()[d]).collect();
+        let picked: [Vec<usize>; COUNT] =
+            std::array::from_fn(|s| ds.iter().map(|&d| strides[s][d]).collect());
+        fold(&dims, std::array::from_fn(|s| picked[s].as_slice()), X)
+    };
+    let (feat, red) = (fold_over(&feat_dims), fold_over(&red_dims));
+    let (features, red_len) = (feat.len(), red.len());
+    if red_len > i32::MAX as usize || features > i32::MAX as usize {
+        return Err(Error::unsupported(format!(
+            "batch norm with {features} features of {red_len} elements (at most 2^31-1 each)"
+        )));
+    }
+    let cols = use_cols(mode, x_desc);
+    let kmax = vector_elements(x_desc.dtype());
+    let (along, other) = if cols { (&feat, &red) } else { (&red, &feat) };
+    let k = if vectorizable(kmax, ops, along, other) {
+        kmax
+    } else {
+        1
+    };
+    let mut geo = BatchNormGeometry {
+        features: features as u32,
+        red_len: red_len as u32,
+        vector: k as u32,
+        tiles: 1,
+        tile_vectors: 1,
+        tile_vectors_log2: 0,
+        feat: feat.index_map()?,
+        red: red.index_map()?,
+        ..Default::default()
+    };
+    if cols {
+        let vectors = features / k;
+        let tv = tile_vectors(vectors);
+        geo.vectors = vectors as u32;
+        geo.tile_vectors = tv;
+        geo.tile_vectors_log2 = tv.trailing_zeros();
+        geo.tiles = vectors.div_ceil(tv as usize) as u32;
+    } else {
+        geo.vectors = (red_len / k) as u32;
+    }
+    // Rows: chunks of vectors of each feature; cols: chunks of rows of each tile.
+    let (units, groups) = if cols {
+        (red_len, geo.tiles as u64)
+    } else {
+        (geo.vectors as usize, features as u64)
+    };
+    let split = |chunks: usize| -> Result<(BatchNormGeometry, u32)> {
+        let chunk_len = units.div_ceil(chunks);
+        let mut g = geo;
+        g.chunk_len = chunk_len as u32;
+        g.chunks = units.div_ceil(chunk_len) as u32;
+        let blocks = groups * g.chunks as u64;
+        if blocks > i32::MAX as u64 {
+            return Err(Error::unsupported(format!(
+                "batch norm needing {blocks} blocks"
+            )));
+        }
+        Ok((g, blocks as u32))
+    };
+    let (geo, blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.stats))?;
+    let (apply_geo, apply_blocks) = split(chunks_for(mode, x_desc, occ.sms, occ.apply))?;
+    Ok(Plan {
+        geo,
+        apply_geo,
+        cols,
+        blocks,
+        apply_blocks,
+    })
+}
+
+fn stats_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = match (forward, cols) {
+        (true, false) => kernels::batch_norm_fwd_stats_rows(dtype),
+        (true, true) => kernels::batch_norm_fwd_stats_cols(dtype),
+        (false, false) => kernels::batch_norm_bwd_stats_rows(dtype),
+        (false, true) => kernels::batch_norm_bwd_stats_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+fn apply_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = match (forward, cols) {
+        (true, false) => kernels::batch_norm_fwd_apply_rows(dtype),
+        (true, true) => kernels::batch_norm_fwd_apply_cols(dtype),
+        (false, false) => kernels::batch_norm_bwd_apply_rows(dtype),
+        (false, true) => kernels::batch_norm_bwd_apply_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+impl Plan {
+    fn stats_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: self.blocks,
+            grid_y: 1,
+            block: BN_BLOCK_THREADS,
+            shared_bytes: if self.cols { BN_COLS_SHARED_BYTES } else { 0 },
+        }
+    }
+
+    fn apply_config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: self.apply_blocks,
+            grid_y: 1,
+            block: BN_BLOCK_THREADS,
+            shared_bytes: 0,
+        }
+    }
+
+    fn finalize_config(&self) -> Result<LaunchConfig> {
+        LaunchConfig::for_threads(
+            self.geo.features as u64 * BN_FINALIZE_THREADS_PER_FEATURE as u64,
+            BN_BLOCK_THREADS,
+        )
+    }
+
+    fn finalize_params(&self, flags: u32, epsilon: f64) -> BatchNormFinalizeParams {
+        BatchNormFinalizeParams {
+            features: self.geo.features,
+            chunks: self.geo.chunks,
+            flags,
+            epsilon,
+            feat: self.geo.feat,
+            ..Default::default()
+        }
+    }
+
+    fn stats_kernel(&self, dtype: DataType, forward: bool) -> Result<&'static str> {
+        stats_kernel(self.cols, dtype, forward)
+    }
+
+    fn apply_kernel(&self, dtype: DataType, forward: bool) -> Result<&'static str> {
+        apply_kernel(self.cols, dtype, forward)
+    }
+}
+
+fn unsupported_dtype(dtype: DataType) -> Error {
+    Error::unsupported(format!("batch normalization of {dtype} tensors on the GPU"))
+}
+
+/// The workspace, checked against the layout; its device address.
+fn workspace_ptr(gpu: &Gpu, layout: &WorkspaceLayout, workspace: &mut Buffer) -> Result<u64> {
+    if workspace.len_bytes() < layout.total {
+        return Err(Error::WorkspaceTooSmall {
+            required_bytes: layout.total,
+            got_bytes: workspace.len_bytes(),
+        });
+    }
+    device_ptr_mut(gpu, workspace)
+}
+
+/// Workspace bytes [`batch_norm_forward_training`] needs for data `x_desc`
+/// (cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize). 0 on the CPU handle.
+pub fn batch_norm_forward_training_workspace_size(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    x_desc: &TensorDescriptor,
+) -> Result<usize> {
+    check_rank("x_desc", x_desc)?;
+    match &handle.backend {
+        Backend::Gpu(gpu) => {
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            Ok(workspace_layout(bn.mode, x_desc, occ, false).total)
+        }
+        Backend::Cpu => Ok(0),
+    }
+}
+
+/// Workspace bytes [`batch_norm_backward`] needs for data `x_desc`
+/// (cudnnGetBatchNormalizationBackwardExWorkspaceSize). 0 on the CPU handle.
+pub fn batch_norm_backward_workspace_size(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    x_desc: &TensorDescriptor,
+) -> Result<usize> {
+    check_rank("x_desc", x_desc)?;
+    match &handle.backend {
+        Backend::Gpu(gpu) => {
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            Ok(workspace_layout(bn.mode, x_desc, occ, true).total)
+        }
+        Backend::Cpu => Ok(0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward training
+// ---------------------------------------------------------------------------------------
+
+/// Forward training (cudnnBatchNormalizationForwardTraining, and ForwardTrainingEx with
+/// the descriptor's fused ops):
+/// `y = alpha * act(scale * (x - mean) / sqrt(var + epsilon) + bias [+ z]) + beta * y`
+/// with the batch mean and biased variance of each feature. `z` is given exactly for
+/// [`BatchNormOps::BnAddActivation`]. `running` (optional) is updated, `saved` (optional)
+/// receives the batch mean and inverse std for [`batch_norm_backward`]. `y` is not read
+/// when `beta == 0`. Each feature needs at least two values.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_forward_training(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    alpha: f64,
+    beta: f64,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    z: Option<(&TensorDescriptor, &Buffer)>,
+    y_desc: &TensorDescriptor,
+    y: &mut Buffer,
+    bn_desc: &TensorDescriptor,
+    scale: &Buffer,
+    bias: &Buffer,
+    running: Option<RunningStats<'_>>,
+    saved: Option<SavedStats<'_>>,
+    workspace: &mut Buffer,
+) -> Result<()> {
+    check_rank("x_desc", x_desc)?;
+    check_like_x("y_desc", x_desc, y_desc, true)?;
+    check_presence(
+        "z",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &z,
+        "BnAddActivation",
+    )?;
+    if let Some((z_desc, _)) = z {
+        check_like_x("z_desc", x_desc, z_desc, false)?;
+    }
+    check_params_desc(x_desc, bn.mode, bn_desc)?;
+    check_training_len(bn.mode, x_desc)?;
+    handle.check_tensor("x", x_desc, x)?;
+    handle.check_tensor("y", y_desc, y)?;
+    if let Some((z_desc, zb)) = z {
+        handle.check_tensor("z", z_desc, zb)?;
+    }
+    check_param_buffers(handle, bn_desc, &[("scale", scale), ("bias", bias)])?;
+    if let Some(r) = &running {
+        check_factor(r.factor)?;
+        check_param_buffers(
+            handle,
+            bn_desc,
+            &[("running_mean", r.mean), ("running_var", r.variance)],
+        )?;
+    }
+    if let Some(s) = &saved {
+        check_param_buffers(
+            handle,
+            bn_desc,
+            &[("saved_mean", s.mean), ("saved_inv_std", s.inv_std)],
+        )?;
+    }
+    handle.check_owner("workspace", workspace)?;
+    let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    match &handle.backend {
+        Backend::Cpu => {
+            let xt = host_read(x_desc, x)?;
+            let zt = z.map(|(d, b)| host_read(d, b)).transpose()?;
+            let mut yt = host_read(y_desc, y)?;
+            let (st, bt) = (host_read(bn_desc, scale)?, host_read(bn_desc, bias)?);
+            let mut run = running
+                .as_ref()
+                .map(|r| {
+                    Ok::<_, Error>((host_read(bn_desc, r.mean)?, host_read(bn_desc, r.variance)?))
+                })
+                .transpose()?;
+            let mut sav = saved
+                .as_ref()
+                .map(|s| {
+                    Ok::<_, Error>((host_read(bn_desc, s.mean)?, host_read(bn_desc, s.inv_std)?))
+                })
+                .transpose()?;
+            let factor = running.as_ref().map_or(0.0, |r| r.factor);
+            reference::forward_training(
+                bn.mode,
+                bn.ops,
+                alpha,
+                beta,
+                &xt,
+                zt.as_ref(),
+                &mut yt,
+                &st,
+                &bt,
+                bn.epsilon,
+                run.as_mut().map(|(m, v)| (factor, m, v)),
+                sav.as_mut().map(|(m, s)| (m, s)),
+            );
+            host_write(&yt, y)?;
+            if let (Some(r), Some((m, v))) = (running, run) {
+                host_write(&m, r.mean)?;
+                host_write(&v, r.variance)?;
+            }
+            if let (Some(s), Some((m, i))) = (saved, sav) {
+                host_write(&m, s.mean)?;
+                host_write(&i, s.inv_std)?;
+            }
+            Ok(())
+        }
+        Backend::Gpu(gpu) => {
+            let dtype = x_desc.dtype();
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let layout = workspace_layout(bn.mode, x_desc, occ, false);
+            let ws = workspace_ptr(gpu, &layout, workspace)?;
+            let x_ptr = device_ptr(gpu, x)?;
+            let z_ptr = z.map(|(_, b)| device_ptr(gpu, b)).transpose()?;
+            let y_ptr = device_ptr_mut(gpu, y)?;
+            let mut operands: Operands<'_> = [None; COUNT];
+            operands[X] = Some((x_desc, x_ptr));
+            operands[Y] = Some((y_desc, y_ptr));
+            operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
+            let (partials, coef) = (ws + layout.partials as u64, ws + layout.coef as u64);
+            stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
+            let mut flags = 0;
+            let mut ptrs = [0u64; 4]; // running mean, running var, saved mean, saved inv std
+            let mut factor = 0.0;
+            if let Some(r) = running {
+                flags |= bn_flags::RUNNING;
+                if r.factor == 1.0 {
+                    flags |= bn_flags::RUNNING_OVERWRITE;
+                }
+                factor = r.factor;
+                ptrs[0] = device_ptr_mut(gpu, r.mean)?;
+                ptrs[1] = device_ptr_mut(gpu, r.variance)?;
+            }
+            if let Some(s) = saved {
+                flags |= bn_flags::SAVED;
+                ptrs[2] = device_ptr_mut(gpu, s.mean)?;
+                ptrs[3] = device_ptr_mut(gpu, s.inv_std)?;
+            }
+            let mut fp = plan.finalize_params(flags, bn.epsilon);
+            fp.factor = factor;
+            let (scale_ptr, bias_ptr) = (device_ptr(gpu, scale)?, device_ptr(gpu, bias)?);
+            // SAFETY: the partials were written by the stats launch above (same stream);
+            // every per-feature pointer covers bn_desc's span (checked), which the
+            // PARAM offsets of the feature map stay inside; coef holds `features` entries.
+            unsafe {
+                gpu.launch(
+                    kernels::BATCH_NORM_FWD_FINALIZE,
+                    plan.finalize_config()?,
+                    &fp,
+                    &[
+                        partials, scale_ptr, bias_ptr, ptrs[0], ptrs[1], ptrs[2], ptrs[3], coef,
+                    ],
+                )?;
+            }
+            let ap = apply_params(&plan, bn, alpha32, beta32, 0);
+            let kernel = plan.apply_kernel(dtype, true)?;
+            // SAFETY: x, z (with ADD) and y hold their descriptors' spans (checked), which
+            // the geometry's offsets stay inside; coef was written by the finalize launch.
+            unsafe {
+                gpu.launch(
+                    kernel,
+                    plan.apply_config(),
+                    &ap,
+                    &[x_ptr, z_ptr.unwrap_or(0), y_ptr, coef, 0, 0, 0, 0],
+                )
+            }
+        }
+    }
+}
+
+/// Flags and blend factors of an apply pass.
+fn apply_params(
+    plan: &Plan,
+    bn: &BatchNormDescriptor,
+    alpha: f32,
+    beta: f32,
+    extra_flags: u32,
+) -> BatchNormApplyParams {
+    let mut flags = extra_flags;
+    if bn.ops == BatchNormOps::BnAddActivation {
+        flags |= bn_flags::ADD;
+    }
+    if bn.ops != BatchNormOps::Bn {
+        flags |= bn_flags::RELU;
+    }
+    BatchNormApplyParams {
+        geo: plan.apply_geo,
+        flags,
+        alpha,
+        beta,
+        epsilon: bn.epsilon as f32,
+    }
+}
+
+/// The forward stats pass over `x` into the partials.
+fn stats_forward(gpu: &Gpu, plan: &Plan, dtype: DataType, x: u64, partials: u64) -> Result<()> {
+    let sp = BatchNormStatsParams {
+        geo: plan.geo,
+        ..Default::default()
+    };
+    let kernel = plan.stats_kernel(dtype, true)?;
+    // SAFETY: x holds its descriptor's span, which the geometry's offsets stay inside;
+    // the partials region holds max_chunks * features >= chunks * features entries.
+    unsafe { gpu.launch(kernel, plan.stats_config(), &sp, &[x, partials]) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward inference
+// ---------------------------------------------------------------------------------------
+
+/// Forward inference (cudnnBatchNormalizationForwardInference; the descriptor's fused ops
+/// as cudnnNormalizationForwardInference takes them):
+/// `y = alpha * act(scale * (x - mean) / sqrt(var + epsilon) + bias [+ z]) + beta * y`
+/// with the estimated mean and variance.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_forward_inference(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    alpha: f64,
+    beta: f64,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    z: Option<(&TensorDescriptor, &Buffer)>,
+    y_desc: &TensorDescriptor,
+    y: &mut Buffer,
+    bn_desc: &TensorDescriptor,
+    scale: &Buffer,
+    bias: &Buffer,
+    estimated: EstimatedStats<'_>,
+) -> Result<()> {
+    check_rank("x_desc", x_desc)?;
+    check_like_x("y_desc", x_desc, y_desc, true)?;
+    check_presence(
+        "z",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &z,
+        "BnAddActivation",
+    )?;
+    if let Some((z_desc, _)) = z {
+        check_like_x("z_desc", x_desc, z_desc, false)?;
+    }
+    check_params_desc(x_desc, bn.mode, bn_desc)?;
+    handle.check_tensor("x", x_desc, x)?;
+    handle.check_tensor("y", y_desc, y)?;
+    if let Some((z_desc, zb)) = z {
+        handle.check_tensor("z", z_desc, zb)?;
+    }
+    check_param_buffers(
+        handle,
+        bn_desc,
+        &[
+            ("scale", scale),
+            ("bias", bias),
+            ("estimated_mean", estimated.mean),
+            ("estimated_variance", estimated.variance),
+        ],
+    )?;
+    let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    match &handle.backend {
+        Backend::Cpu => {
+            let xt = host_read(x_desc, x)?;
+            let zt = z.map(|(d, b)| host_read(d, b)).transpose()?;
+            let mut yt = host_read(y_desc, y)?;
+            let p = |b: &Buffer| host_read(bn_desc, b);
+            reference::forward_inference(
+                bn.mode,
+                bn.ops,
+                alpha,
+                beta,
+                &xt,
+                zt.as_ref(),
+                &mut yt,
+                &p(scale)?,
+                &p(bias)?,
+                &p(estimated.mean)?,
+                &p(estimated.variance)?,
+                bn.epsilon,
+            );
+            host_write(&yt, y)
+        }
+        Backend::Gpu(gpu) => {
+            let dtype = x_desc.dtype();
+            let x_ptr = device_ptr(gpu, x)?;
+            let z_ptr = z.map(|(_, b)| device_ptr(gpu, b)).transpose()?;
+            let y_ptr = device_ptr_mut(gpu, y)?;
+            let mut operands: Operands<'_> = [None; COUNT];
+            operands[X] = Some((x_desc, x_ptr));
+            operands[Y] = Some((y_desc, y_ptr));
+            operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
+            let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS);
+            let kernel = plan.apply_kernel(dtype, true)?;
+            let params = [scale, bias, estimated.mean, estimated.variance]
+                .map(|b| device_ptr(gpu, b))
+                .into_iter()
+                .collect::<Result<Vec<u64>>>()?;
+            // SAFETY: x, z (with ADD), y and the four per-feature tensors hold their
+            // descriptors' spans (checked), which the geometry's offsets stay inside.
+            unsafe {
+                gpu.launch(
+                    kernel,
+                    plan.apply_config(),
+                    &ap,
+                    &[
+                        x_ptr,
+                        z_ptr.unwrap_or(0),
+                        y_ptr,
+                        0,
+                        params[0],
+                        params[1],
+                        params[2],
+                        params[3],
+                    ],
+                )
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+
+/// Backward (cudnnBatchNormalizationBackward, and BackwardEx with the descriptor's fused
+/// ops). With `g = dy` (behind a relu: `dy` where `y > 0`, else 0), `xhat` the normalized
+/// input and `m` the elements per feature:
+///
+/// * `dscale = alpha_param * sum(g xhat) + beta_param * dscale`,
+///   `dbias = alpha_param * sum(g) + beta_param * dbias`;
+/// * `dx = alpha_data * scale / sqrt(var + eps) * (g - sum(g) / m - xhat sum(g xhat) / m)
+///   + beta_data * dx`;
+/// * with [`BatchNormOps::BnAddActivation`], `dz = alpha_data * g + beta_data * dz`.
+///
+/// `y` (the forward output) is given exactly when the ops have the relu, `dz` exactly for
+/// the add. The statistics come from `saved` when given, else are recomputed from `x`.
+/// Outputs are not read when their beta is 0.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_backward(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    alpha_data: f64,
+    beta_data: f64,
+    alpha_param: f64,
+    beta_param: f64,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    y: Option<(&TensorDescriptor, &Buffer)>,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    dz: Option<(&TensorDescriptor, &mut Buffer)>,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+    bn_desc: &TensorDescriptor,
+    scale: &Buffer,
+    dscale: &mut Buffer,
+    dbias: &mut Buffer,
+    saved: Option<SavedStatsRef<'_>>,
+    workspace: &mut Buffer,
+) -> Result<()> {
+    check_rank("x_desc", x_desc)?;
+    check_like_x("dy_desc", x_desc, dy_desc, false)?;
+    check_like_x("dx_desc", x_desc, dx_desc, true)?;
+    check_presence("y", bn.ops != BatchNormOps::Bn, &y, "a fused relu")?;
+    check_presence(
+        "dz",
+        bn.ops == BatchNormOps::BnAddActivation,
+        &dz,
+        "BnAddActivation",
+    )?;
+    if let Some((y_desc, _)) = y {
+        check_like_x("y_desc", x_desc, y_desc, false)?;
+    }
+    if let Some((dz_desc, _)) = &dz {
+        check_like_x("dz_desc", x_desc, dz_desc, true)?;
+    }
+    check_params_desc(x_desc, bn.mode, bn_desc)?;
+    handle.check_tensor("x", x_desc, x)?;
+    handle.check_tensor("dy", dy_desc, dy)?;
+    handle.check_tensor("dx", dx_desc, dx)?;
+    if let Some((y_desc, yb)) = y {
+        handle.check_tensor("y", y_desc, yb)?;
+    }
+    if let Some((dz_desc, dzb)) = &dz {
+        handle.check_tensor("dz", dz_desc, dzb)?;
+    }
+    check_param_buffers(
+        handle,
+        bn_desc,
+        &[("scale", scale), ("dscale", dscale), ("dbias", dbias)],
+    )?;
+    if let Some(s) = &saved {
+        check_param_buffers(
+            handle,
+            bn_desc,
+            &[("saved_mean", s.mean), ("saved_inv_std", s.inv_std)],
+        )?;
+    }
+    handle.check_owner("workspace", workspace)?;
+    let alpha_d = scale_factor("alpha_data", alpha_data)?;
+    let beta_d = scale_factor("beta_data", beta_data)?;
+    let alpha_p = scale_factor("alpha_param", alpha_param)?;
+    let beta_p = scale_factor("beta_param", beta_param)?;
+    match &handle.backend {
+        Backend::Cpu => {
+            let read = |d: &TensorDescriptor, b: &Buffer| host_read(d, b);
+            let xt = read(x_desc, x)?;
+            let yt = y.map(|(d, b)| read(d, b)).transpose()?;
+            let dyt = read(dy_desc, dy)?;
+            let mut dxt = read(dx_desc, dx)?;
+            let mut dzt = dz.as_ref().map(|(d, b)| read(d, b)).transpose()?;
+            let st = read(bn_desc, scale)?;
+            let (mut dst, mut dbt) = (read(bn_desc, dscale)?, read(bn_desc, dbias)?);
+            let sav: Option<(HostTensor, HostTensor)> = saved
+                .map(|s| Ok::<_, Error>((read(bn_desc, s.mean)?, read(bn_desc, s.inv_std)?)))
+                .transpose()?;
+            reference::backward(
+                bn.mode,
+                bn.ops,
+                (alpha_data, beta_data),
+                (alpha_param, beta_param),
+                &xt,
+                yt.as_ref(),
+                &dyt,
+                reference::DataGrads {
+                    dx: &mut dxt,
+                    dz: dzt.as_mut(),
+                },
+                &st,
+                reference::ParamGrads {
+                    dscale: &mut dst,
+                    dbias: &mut dbt,
+                },
+                bn.epsilon,
+                sav.as_ref().map(|(m, s)| (m, s)),
+            );
+            host_write(&dxt, dx)?;
+            if let (Some((_, b)), Some(t)) = (dz, dzt) {
+                host_write(&t, b)?;
+            }
+            host_write(&dst, dscale)?;
+            host_write(&dbt, dbias)
+        }
+        Backend::Gpu(gpu) => {
+            let dtype = x_desc.dtype();
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            let layout = workspace_layout(bn.mode, x_desc, occ, true);
+            let ws = workspace_ptr(gpu, &layout, workspace)?;
+            let x_ptr = device_ptr(gpu, x)?;
+            let y_ptr = y.map(|(_, b)| device_ptr(gpu, b)).transpose()?;
+            let dy_ptr = device_ptr(gpu, dy)?;
+            let dx_ptr = device_ptr_mut(gpu, dx)?;
+            let (dz_desc, dz_ptr) = match dz {
+                Some((d, b)) => (Some(d), Some(device_ptr_mut(gpu, b)?)),
+                None => (None, None),
+            };
+            let mut operands: Operands<'_> = [None; COUNT];
+            operands[X] = Some((x_desc, x_ptr));
+            operands[Y] = y.map(|(d, _)| d).zip(y_ptr);
+            operands[Z_OR_DY] = Some((dy_desc, dy_ptr));
+            operands[DX] = Some((dx_desc, dx_ptr));
+            operands[DZ] = dz_desc.zip(dz_ptr);
+            let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
+            let partials = ws + layout.partials as u64;
+            let (fwd_coef, bwd_coef) = (ws + layout.coef as u64, ws + layout.bwd_coef as u64);
+            let scale_ptr = device_ptr(gpu, scale)?;
+            let mut flags = 0;
+            let (saved_mean, saved_inv) = match saved {
+                Some(s) => (device_ptr(gpu, s.mean)?, device_ptr(gpu, s.inv_std)?),
+                None => {
+                    // Recompute the statistics: mean and inverse std into the forward
+                    // coefficients.
+                    flags |= bn_flags::STATS_IN_WORKSPACE;
+                    stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
+                    let fp = plan.finalize_params(0, bn.epsilon);
+                    // SAFETY: as in forward training; bias is null (its coefficient is
+                    // not needed) and no running or saved output is written.
+                    unsafe {
+                        gpu.launch(
+                            kernels::BATCH_NORM_FWD_FINALIZE,
+                            plan.finalize_config()?,
+                            &fp,
+                            &[partials, scale_ptr, 0, 0, 0, 0, 0, fwd_coef],
+                        )?;
+                    }
+                    (0, 0)
+                }
+            };
+            if bn.ops != BatchNormOps::Bn {
+                flags |= bn_flags::RELU;
+            }
+            // dz = g exactly (blend 1, 0): the stats pass stores it, and the apply pass
+            // reads g from dz (laid out as dy) instead of dy and y.
+            let grad_in_dz = alpha_data == 1.0
+                && beta_data == 0.0
+                && dz_desc.is_some_and(|d| d.strides() == dy_desc.strides());
+            if grad_in_dz {
+                flags |= bn_flags::WRITE_GRAD;
+            }
+            let sp = BatchNormStatsParams {
+                geo: plan.geo,
+                flags,
+                _pad: 0,
+            };
+            let kernel = plan.stats_kernel(dtype, false)?;
+            let grad_ptr = if grad_in_dz { dz_ptr.unwrap_or(0) } else { 0 };
+            // SAFETY: x, y (with RELU), dy and dz (with WRITE_GRAD, laid out as dy) hold
+            // their descriptors' spans (checked); the mean comes from the coefficients
+            // written above or from saved_mean (bn_desc's span, checked); the partials
+            // region is large enough.
+            unsafe {
+                gpu.launch(
+                    kernel,
+                    plan.stats_config(),
+                    &sp,
+                    &[
+                        x_ptr,
+                        y_ptr.unwrap_or(0),
+                        dy_ptr,
+                        grad_ptr,
+                        fwd_coef,
+                        saved_mean,
+                        partials,
+                    ],
+                )?;
+            }
+            let mut fp = plan.finalize_params(flags, bn.epsilon);
+            fp.alpha = alpha_p;
+            fp.beta = beta_p;
+            let (dscale_ptr, dbias_ptr) =
+                (device_ptr_mut(gpu, dscale)?, device_ptr_mut(gpu, dbias)?);
+            // SAFETY: the partials come from the launch above (same stream); the
+            // per-feature pointers cover bn_desc's span (checked); bwd_coef holds
+            // `features` entries.
+            unsafe {
+                gpu.launch(
+                    kernels::BATCH_NORM_BWD_FINALIZE,
+                    plan.finalize_config()?,
+                    &fp,
+                    &[
+                        partials, scale_ptr, saved_mean, saved_inv, fwd_coef, dscale_ptr,
+                        dbias_ptr, bwd_coef,
+                    ],
+                )?;
+            }
+            let (ap, grads) = if grad_in_dz {
+                // Plain backward on g (already masked, dz already written).
+                let plain = BatchNormDescriptor {
+                    ops: BatchNormOps::Bn,
+                    ..*bn
+                };
+                (apply_params(&plan, &plain, alpha_d, beta_d, 0), grad_ptr)
+            } else {
+                (apply_params(&plan, bn, alpha_d, beta_d, 0), dy_ptr)
+            };
+            let kernel = plan.apply_kernel(dtype, false)?;
+            // SAFETY: x, y (with RELU), dy (or dz holding g, laid out as dy), dx and dz
+            // (with ADD) hold their descriptors' spans (checked); bwd_coef was written by
+            // the finalize launch.
+            unsafe {
+                gpu.launch(
+                    kernel,
+                    plan.apply_config(),
+                    &ap,
+                    &[
+                        x_ptr,
+                        y_ptr.unwrap_or(0),
+                        grads,
+                        dx_ptr,
+                        dz_ptr.unwrap_or(0),
+                        bwd_coef,
+                    ],
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H100: Occupancy = Occupancy {
+        sms: 132,
+        stats: 4,
+        apply: 2,
+    };
+
+    fn fake_ops<'a>(descs: &[(usize, &'a TensorDescriptor)]) -> Operands<'a> {
+        let mut ops: Operands<'a> = [None; COUNT];
+        for &(slot, d) in descs {
+            ops[slot] = Some((d, 256));
+        }
+        ops
+    }
+
+    #[test]
+    fn nchw_spatial_takes_the_rows_mapping_with_vectors() {
+        let x = TensorDescriptor::nchw(DataType::F32, 32, 64, 112, 112).unwrap();
+        let p = derive_batch_norm_descriptor(&x, BatchNormMode::Spatial).unwrap();
+        let plan = plan_problem(
+            BatchNormMode::Spatial,
+            &x,
+            &p,
+            &fake_ops(&[(X, &x), (Y, &x)]),
+            H100,
+        )
+        .unwrap();
+        assert!(!plan.cols);
+        assert_eq!(plan.geo.vector, 4);
+        assert_eq!(plan.geo.features, 64);
+        assert_eq!(plan.geo.red_len, 32 * 112 * 112);
+        assert!(plan.blocks >= 132 * 4);
+    }
+
+    #[test]
+    fn nhwc_spatial_takes_the_cols_mapping_and_odd_widths_go_scalar() {
+        let x = TensorDescriptor::nhwc(DataType::F16, 32, 256, 56, 56).unwrap();
+        let p = derive_batch_norm_descriptor(&x, BatchNormMode::Spatial).unwrap();
+        let plan = plan_problem(
+            BatchNormMode::Spatial,
+            &x,
+            &p,
+            &fake_ops(&[(X, &x), (Y, &x)]),
+            H100,
+        )
+        .unwrap();
+        assert!(plan.cols);
+        assert_eq!((plan.geo.vector, plan.geo.tile_vectors), (8, 32));
+        let odd = TensorDescriptor::nhwc(DataType::F16, 2, 3, 5, 7).unwrap();
+        let p = derive_batch_norm_descriptor(&odd, BatchNormMode::Spatial).unwrap();
+        let plan = plan_problem(
+            BatchNormMode::Spatial,
+            &odd,
+            &p,
+            &fake_ops(&[(X, &odd), (Y, &odd)]),
+            H100,
+        )
+        .unwrap();
+        assert!(plan.cols);
+        assert_eq!((plan.geo.vector, plan.geo.tile_vectors), (1, 4));
+    }
+
+    #[test]
+    fn chunks_never_exceed_the_workspace_bound() {
+        for (dims, mode) in [
+            ([32usize, 64, 112, 112], BatchNormMode::Spatial),
+            ([32, 2048, 7, 7], BatchNormMode::Spatial),
+            ([3, 5, 7, 11], BatchNormMode::PerActivation),
+            ([1000, 3, 2, 2], BatchNormMode::PerActivation),
+        ] {
+            for layout in [crate::Layout::ChannelsFirst, crate::Layout::ChannelsLast] {
+                for dt in [DataType::F32, DataType::F16] {
+                    let [n, c, h, w] = dims;
+                    let x = TensorDescriptor::nchw_with(dt, n, c, h, w, layout).unwrap();
+                    let p = derive_batch_norm_descriptor(&x, mode).unwrap();
+                    let bound = chunks_for(mode, &x, 132, H100.stats);
+                    for addr in [256u64, 2] {
+                        let mut ops = fake_ops(&[(X, &x), (Y, &x)]);
+                        ops[Y] = Some((&x, addr));
+                        let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
+                        assert!(plan.geo.chunks as usize <= bound, "{x:?} {mode:?}");
+                        let covered = plan.geo.chunks as usize * plan.geo.chunk_len as usize;
+                        let units = if plan.cols {
+                            plan.geo.red_len
+                        } else {
+                            plan.geo.vectors
+                        };
+                        assert!(covered >= units as usize);
+                        assert!(covered - (plan.geo.chunk_len as usize) < units as usize);
+                    }
+                }
+            }
+        }
+    }
+}
