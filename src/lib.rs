@@ -45,6 +45,14 @@ pub use ops::activation::{
     activation_backward, activation_forward, activation_forward_in_place, ActivationDescriptor,
     ActivationMode,
 };
+pub use ops::dropout::{
+    dropout_backward, dropout_forward, dropout_generator_state, dropout_reserve_space_size,
+    dropout_states_size, DropoutDescriptor, DropoutGeneratorState,
+};
+pub use ops::lrn::{
+    lrn_cross_channel_backward, lrn_cross_channel_forward, LrnDescriptor, LRN_MAX_N, LRN_MIN_BETA,
+    LRN_MIN_K, LRN_MIN_N,
+};
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
     MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,

@@ -15,6 +15,8 @@ pub mod gemm;
 pub mod math;
 
 pub mod activation;
+pub mod dropout;
+pub mod lrn;
 pub mod matmul;
 pub mod reduce;
 pub mod tensor_ops;

@@ -7,16 +7,29 @@
 #![no_std]
 
 mod divisor;
+mod dropout;
 mod index_map;
+mod lrn;
 mod matmul;
+mod philox;
 
 pub use divisor::FastDivisor;
+pub use dropout::{
+    dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,
+    DropoutBwdParams, DropoutFwdParams, DropoutState, DROPOUT_MASK_WORD_BITS, DROPOUT_STATE_BYTES,
+    DROPOUT_STATE_MAGIC,
+};
 pub use index_map::IndexMap;
+pub use lrn::{
+    lrn_pixel_slots, lrn_slot, LrnParams, LRN_CL_BWD_SLOT_BYTES, LRN_CL_FWD_SLOT_BYTES,
+    LRN_WALK_BWD_SLOT_BYTES, LRN_WALK_FWD_SLOT_BYTES,
+};
 pub use matmul::{
     fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
     EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
     MATMUL_RASTER_GROUP, MMA_BK_BYTES,
 };
+pub use philox::philox4x32_10;
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
 pub const MAX_DIMS: usize = 8;

@@ -3,6 +3,8 @@
 //! against it.
 
 pub mod activation;
+pub mod dropout;
+pub mod lrn;
 pub mod matmul;
 pub mod reduce;
 pub mod tensor_ops;
