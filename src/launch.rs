@@ -1,5 +1,6 @@
-//! The GPU side of a handle: CUDA context, stream, the embedded PTX module and a cache of
-//! its functions; and the one function that launches a kernel.
+//! The GPU side of a handle: CUDA context, stream, the embedded PTX modules (one per op
+//! family, each loaded the first time one of its kernels runs) and a cache of their
+//! functions; and the one function that launches a kernel.
 
 use crate::buffer::{Buffer, Memory};
 use crate::error::{Error, Result};
@@ -8,8 +9,10 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
 
-/// The PTX of every kernel, built by build.rs from `kernels/`.
-pub(crate) const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/oxidnn_kernels.ptx"));
+/// The kernels' PTX, one module per op family, built by build.rs from `kernels/`.
+pub(crate) mod modules {
+    include!(concat!(env!("OUT_DIR"), "/kernel_modules.rs"));
+}
 
 /// A raw module handle. Invariant: loaded in `ctx`, unloaded once, on drop.
 struct Module {
@@ -42,10 +45,14 @@ unsafe impl Sync for Function {}
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    module: Module,
+    /// The modules of [`modules::MODULES`], each loaded on first use (loading JIT-compiles
+    /// the PTX, or takes it from the driver's cache).
+    modules: Mutex<Vec<Option<Arc<Module>>>>,
     /// Each function used so far, with the dynamic shared memory it has been allowed.
     functions: Mutex<HashMap<&'static str, (Function, u32)>>,
     pub(crate) sm_count: u32,
+    /// Compute capability, (major, minor).
+    pub(crate) compute_capability: (u32, u32),
     pub(crate) name: String,
 }
 
@@ -78,7 +85,7 @@ impl LaunchConfig {
 }
 
 impl Gpu {
-    /// Opens device `ordinal`: a context, its default stream and the module.
+    /// Opens device `ordinal`: a context and its default stream (modules load lazily).
     pub(crate) fn open(ordinal: usize) -> Result<Self> {
         // SAFETY: only probes whether libcuda can be loaded.
         if !unsafe { sys::is_culib_present() } {
@@ -102,27 +109,28 @@ impl Gpu {
         // SAFETY: called before any buffer of this context exists.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let ptx = CString::new(PTX)
-            .map_err(|_| Error::unsupported("embedded PTX contains a NUL byte"))?;
         ctx.bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
-        let raw = unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }
-            .map_err(|e| Error::driver("cuModuleLoadData", e))?;
-        let module = Module {
-            raw,
-            ctx: ctx.clone(),
-        };
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::driver("cuDeviceGetAttribute", e))? as u32;
+        let attribute = |a| {
+            ctx.attribute(a)
+                .map_err(|e| Error::driver("cuDeviceGetAttribute", e))
+                .map(|v| v as u32)
+        };
+        let compute_capability = (
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         Ok(Self {
             ctx,
             stream,
-            module,
+            modules: Mutex::new(vec![None; modules::MODULES.len()]),
             functions: Mutex::new(HashMap::new()),
             sm_count,
+            compute_capability,
             name,
         })
     }
@@ -162,10 +170,49 @@ impl Gpu {
         Ok(entry.0)
     }
 
+    /// Whether this device runs the Hopper (`sm_90a`) kernels: compute capability 9.0
+    /// exactly (architecture-specific PTX runs on no other).
+    pub(crate) fn is_sm90a(&self) -> bool {
+        self.compute_capability == (9, 0)
+    }
+
+    /// The loaded module holding `kernel`, loading it if this is its family's first use.
+    fn module_of(&self, kernel: &str) -> Result<Arc<Module>> {
+        let index = modules::module_index(kernel)
+            .ok_or_else(|| Error::bad("kernel", format!("no PTX module holds `{kernel}`")))?;
+        if modules::ARCHS[index] == "sm_90a" && !self.is_sm90a() {
+            let (major, minor) = self.compute_capability;
+            return Err(Error::unsupported(format!(
+                "`{kernel}` is sm_90a code; this device is compute capability {major}.{minor}"
+            )));
+        }
+        let mut loaded = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = &loaded[index] {
+            return Ok(m.clone());
+        }
+        let (family, ptx) = modules::MODULES[index];
+        let ptx = CString::new(ptx).map_err(|_| {
+            Error::unsupported(format!("the embedded `{family}` PTX contains a NUL byte"))
+        })?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
+        let raw = unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(|e| Error::driver("cuModuleLoadData", e))?;
+        let module = Arc::new(Module {
+            raw,
+            ctx: self.ctx.clone(),
+        });
+        loaded[index] = Some(module.clone());
+        Ok(module)
+    }
+
     fn load_function(&self, name: &'static str) -> Result<Function> {
         let cname = CString::new(name).map_err(|_| Error::bad("kernel", "name contains NUL"))?;
-        // SAFETY: the module is loaded for the life of `self`.
-        let raw = unsafe { result::module::get_function(self.module.raw, cname) }
+        let module = self.module_of(name)?;
+        // SAFETY: the module stays loaded for the life of `self`, which holds it.
+        let raw = unsafe { result::module::get_function(module.raw, cname) }
             .map_err(|e| Error::driver("cuModuleGetFunction", e))?;
         // Kernels that tile through shared memory run more blocks per SM with the largest
         // shared-memory carveout (L1 matters little to them).

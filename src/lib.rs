@@ -64,7 +64,9 @@ pub use ops::tensor_ops::{
     add_tensor, op_tensor, scale_tensor, set_tensor, transform_tensor, OpTensorOp,
 };
 
-/// The PTX every GPU handle loads (for inspection, e.g. with `ptxas`).
-pub fn ptx() -> &'static str {
-    launch::PTX
+/// The PTX a GPU handle loads, as (op family, PTX module) pairs (for inspection, e.g. with
+/// `ptxas`). A handle loads a family's module the first time it runs one of its kernels
+/// (`<family>_*`).
+pub fn ptx_modules() -> &'static [(&'static str, &'static str)] {
+    launch::modules::MODULES
 }

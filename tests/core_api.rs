@@ -172,11 +172,33 @@ fn errors_name_the_argument_and_the_mismatch() {
 }
 
 #[test]
-fn every_kernel_the_host_names_is_in_the_ptx() {
+fn every_kernel_the_host_names_is_in_its_family_module() {
     assert!(!kernels::ALL.is_empty());
     for name in kernels::ALL {
-        assert!(ptx().contains(&format!(".entry {name}(")), "{name}");
+        let family = name.split('_').next().unwrap();
+        let modules: Vec<_> = ptx_modules().iter().filter(|(f, _)| *f == family).collect();
+        assert_eq!(modules.len(), 1, "{name}: one module per family");
+        assert!(modules[0].1.contains(&format!(".entry {name}(")), "{name}");
     }
+    // Every module holds only its own family's entries.
+    for (family, ptx) in ptx_modules() {
+        for line in ptx
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        {
+            assert!(line.starts_with(&format!("{family}_")), "{family}: {line}");
+        }
+    }
+    // The Hopper family comes from the sm_90a build, every other from the main target's.
+    for (family, ptx) in ptx_modules() {
+        let sm90a = ptx.lines().any(|l| l.trim() == ".target sm_90a");
+        if *family == "wgmma" {
+            assert!(sm90a, "the wgmma module targets sm_90a");
+        } else if kernels::PTX_ARCH != "sm_90a" {
+            assert!(!sm90a, "{family} targets {}", kernels::PTX_ARCH);
+        }
+    }
+    assert!(kernels::lookup("wgmma_matmul_128x256_kn_f16").is_some());
     // Dispatch covers every GPU dtype for every family.
     for dt in DataType::GPU {
         assert!(

@@ -6,6 +6,9 @@
 use core::arch::asm;
 use core::arch::nvptx;
 
+#[cfg(feature = "sm90a")]
+pub mod hopper;
+
 // ---------------------------------------------------------------------------------------
 // Indices
 // ---------------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ macro_rules! unroll {
 }
 
 /// Calls `f(0) .. f(n - 1)` as straight-line code when `n` is a compile-time constant up to
-/// 16 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
+/// 16, or 32 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
 /// is unrolled whatever its body's size, so register arrays indexed by `i` stay in
 /// registers. Larger `n` runs as a plain loop.
 #[inline(always)]
@@ -121,6 +124,8 @@ pub fn unrolled(n: usize, mut f: impl FnMut(usize)) {
         7 => [0, 1, 2, 3, 4, 5, 6],
         8 => [0, 1, 2, 3, 4, 5, 6, 7],
         16 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+        32 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+               16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
     }
 }
 

@@ -96,11 +96,17 @@ unsafe fn broadcast_vector<S: Element, const M: usize, const K: usize>(
                 }
             });
         } else {
-            crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
-                if e < K {
-                    out[e] = S::load(p.add(b.map.offsets(at as u32 + e as u32)[b.operand] as usize));
-                }
-            });
+            // Rare (rows shorter than a vector): a rolled loop keeps each kernel's code small
+            // (unrolled, it was most of the tensor-op module's PTX and JIT time).
+            for e in 0..K {
+                let v = S::load(p.add(b.map.offsets(at as u32 + e as u32)[b.operand] as usize));
+                // A run-time index would put `out` in local memory: select its slot instead.
+                crate::unroll!(slot in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if slot < K && slot == e {
+                        out[slot] = v;
+                    }
+                });
+            }
         }
         return out;
     }
