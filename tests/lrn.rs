@@ -322,3 +322,40 @@ fn bad_inputs_are_rejected_with_typed_errors() {
         assert!(matches!(e, Error::BadParam { arg: "x", .. }), "{e}");
     }
 }
+
+/// One small call of each GPU algorithm, announced and synchronized one by one, so that a
+/// hang or a fault names its kernel (the channels-last kernels once hung: LLVM had
+/// duplicated an aligned barrier into both arms of a branch on pixel validity, see
+/// `device::sync_threads_divergent`); 18 pixels in blocks of 128 leave invalid lanes in a
+/// warp. `OXIDNN_LRN_SMOKE` picks one: walk_fwd, walk_bwd, cl_fwd, cl_bwd.
+#[test]
+fn gpu_smoke_each_kernel_once() {
+    with_gpu("gpu_smoke_each_kernel_once", |h| {
+        let pick = std::env::var("OXIDNN_LRN_SMOKE").unwrap_or_default();
+        let lrn = LrnDescriptor::default();
+        for (name, layout, backward) in [
+            ("walk_fwd", Layout::ChannelsFirst, false),
+            ("walk_bwd", Layout::ChannelsFirst, true),
+            ("cl_fwd", Layout::ChannelsLast, false),
+            ("cl_bwd", Layout::ChannelsLast, true),
+        ] {
+            if !pick.is_empty() && pick != name {
+                continue;
+            }
+            let d = TensorDescriptor::nchw_with(DataType::F32, 2, 8, 3, 3, layout).unwrap();
+            let xt = random(d, -2.0, 2.0, &mut rng(1));
+            let x = h.upload_tensor(&xt).unwrap();
+            let mut out = h.alloc(&d).unwrap();
+            eprintln!("smoke {name}: calling");
+            if backward {
+                lrn_cross_channel_backward(h, &lrn, 1.0, &d, &x, &d, &x, &d, &x, 0.0, &d, &mut out)
+                    .unwrap();
+            } else {
+                lrn_cross_channel_forward(h, &lrn, 1.0, &d, &x, 0.0, &d, &mut out).unwrap();
+            }
+            eprintln!("smoke {name}: returned");
+            h.synchronize().unwrap();
+            eprintln!("smoke {name}: synchronized");
+        }
+    });
+}

@@ -154,6 +154,18 @@ pub fn sync_threads() {
     unsafe { nvptx::_syncthreads() }
 }
 
+/// `__syncthreads()` that stays correct where a warp reaches it diverged: PTX
+/// `barrier.sync 0` without `.aligned` counts each thread's arrival, whichever barrier
+/// instruction it executes. `bar.sync` (= `barrier.sync.aligned`) needs every lane of a warp
+/// at the same instruction, and LLVM may duplicate a barrier into both arms of a branch that
+/// follows it (seen: `if valid {..} sync_threads(); if valid {..}` became two `bar.sync`,
+/// and a warp with valid and invalid lanes hung). Every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads_divergent() {
+    // SAFETY: a block-wide barrier; callers have every thread of the block reach it.
+    unsafe { asm!("barrier.sync 0;", options(nostack, preserves_flags)) }
+}
+
 /// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.
 #[inline(always)]
 pub fn sync_warp() {

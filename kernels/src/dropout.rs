@@ -17,7 +17,7 @@
 
 use crate::device::{
     self, block_dim_x, global_thread_x, grid_dim_x, group_reduce, lane_id, shfl_xor_u32,
-    sync_threads, thread_idx_x,
+    thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -45,7 +45,7 @@ unsafe fn finish_call(state: *mut DropoutState) {
     // Every thread of this block read the state at the start; after the barrier and the
     // fence, the block's count below is ordered after those reads, so when the count
     // reaches the grid size every block of the launch has read the old call number.
-    sync_threads();
+    device::sync_threads_divergent();
     if thread_idx_x() == 0 {
         device::thread_fence();
         let done = device::atomic_add_u32(&raw mut (*state).blocks_done, 1);
@@ -128,16 +128,26 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
     let words = p.len.div_ceil(32);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
     let lane = lane_id() as u64;
+    // The vectors of chunk `w`, if it is whole (a partial chunk is read element by element).
+    let load = |w: u64| {
+        let mut raw = [[0u32; 4]; V];
+        if w < chunks && (w + 1) * chunk <= p.len {
+            crate::unroll!(v in [0, 1, 2, 3] {
+                let at = w * chunk + (v as u64 * 32 + lane) * K as u64;
+                raw[v] = T::load_raw::<K>(x.add(at as usize), true);
+            });
+        }
+        raw
+    };
     let mut w = global_thread_x() / 32;
+    let mut raw = load(w);
     while w < chunks {
         let base = w * chunk;
         let at = |v: usize| base + (v as u64 * 32 + lane) * K as u64;
+        // Software pipelining: the next chunk's loads are in flight while this chunk's
+        // randoms are drawn and its results stored.
+        let next = load(w + warps);
         if base + chunk <= p.len {
-            // Whole chunk: all loads first, then the randoms, then the stores.
-            let mut raw = [[0u32; 4]; V];
-            crate::unroll!(v in [0, 1, 2, 3] {
-                raw[v] = T::load_raw::<K>(x.add(at(v) as usize), true);
-            });
             crate::unroll!(v in [0, 1, 2, 3] {
                 let bits = keep_bits::<K>(key, call, p.threshold, at(v));
                 let xs = T::unpack::<K>(raw[v]);
@@ -169,6 +179,7 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
                 publish_bits::<K>(bits, (base + (v * 32 * K) as u64) / 32, words, mask);
             });
         }
+        raw = next;
         w += warps;
     }
     finish_call(state);

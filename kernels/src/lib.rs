@@ -22,7 +22,9 @@ pub mod gemm;
 pub mod math;
 
 pub mod activation;
+#[cfg(not(feature = "sm90a"))]
 pub mod dropout;
+#[cfg(not(feature = "sm90a"))]
 pub mod lrn;
 pub mod matmul;
 #[cfg(not(feature = "sm90a"))]

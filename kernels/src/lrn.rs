@@ -18,7 +18,7 @@
 use crate::activation::blend;
 use crate::device::{
     self, block_dim_x, block_idx_x, dynamic_smem, global_thread_x, ld_shared_f32, ld_shared_f64,
-    st_shared_f32, st_shared_f64, sync_threads, thread_idx_x,
+    st_shared_f32, st_shared_f64, sync_threads_divergent, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{lrn_slot, packed_vector_elements, LrnParams};
@@ -81,8 +81,9 @@ unsafe fn fwd_walk<T: Element>(p: &LrnParams, x: *const T, y: *mut T) {
     // c + lb; the output for channel c is made once channel c + la has entered.
     let mut sum = 0.0f64;
     let end = w.c1 + la;
-    let mut v = (w.c0 - lb).max(0);
-    while v < end {
+    // The U channels from v; software-pipelined: the next group's loads are in flight
+    // while this group is processed.
+    let load = |v: i32| {
         let mut xs = [0.0f32; U];
         crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m = v + u as i32;
@@ -90,6 +91,12 @@ unsafe fn fwd_walk<T: Element>(p: &LrnParams, x: *const T, y: *mut T) {
                 xs[u] = T::load(xb.add(m as usize * sx));
             }
         });
+        xs
+    };
+    let mut v = (w.c0 - lb).max(0);
+    let mut xs = load(v);
+    while v < end {
+        let next = load(v + U as i32);
         crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m = v + u as i32;
             if m < end {
@@ -111,6 +118,7 @@ unsafe fn fwd_walk<T: Element>(p: &LrnParams, x: *const T, y: *mut T) {
                 }
             }
         });
+        xs = next;
         v += U as i32;
     }
 }
@@ -141,8 +149,9 @@ unsafe fn bwd_walk<T: Element>(p: &LrnParams, x: *const T, dy: *const T, dx: *mu
     let first_c = (w.c0 - la).max(0);
     let end = w.c1 + lb + la;
     let (mut sum, mut tsum) = (0.0f64, 0.0f64);
-    let mut v = (first_c - lb).max(0);
-    while v < end {
+    // x of the U channels from v and dy of the U from v - la, software-pipelined as in
+    // the forward.
+    let load = |v: i32| {
         let mut xs = [0.0f32; U];
         let mut dys = [0.0f32; U];
         crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -155,6 +164,12 @@ unsafe fn bwd_walk<T: Element>(p: &LrnParams, x: *const T, dy: *const T, dx: *mu
                 dys[u] = T::load(dyb.add(c as usize * sdy));
             }
         });
+        (xs, dys)
+    };
+    let mut v = (first_c - lb).max(0);
+    let (mut xs, mut dys) = load(v);
+    while v < end {
+        let next = load(v + U as i32);
         crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
             let m = v + u as i32;
             if m < end {
@@ -189,6 +204,7 @@ unsafe fn bwd_walk<T: Element>(p: &LrnParams, x: *const T, dy: *const T, dx: *mu
                 }
             }
         });
+        (xs, dys) = next;
         v += U as i32;
     }
 }
@@ -325,7 +341,7 @@ unsafe fn fwd_cl<T: Element, const E: usize>(p: &LrnParams, x: *const T, y: *mut
             c0 += g.step;
         }
     }
-    sync_threads();
+    sync_threads_divergent();
     if g.valid {
         let mut c0 = g.lane_c0;
         while c0 < channels {
@@ -399,7 +415,7 @@ unsafe fn bwd_cl<T: Element, const E: usize>(p: &LrnParams, x: *const T, dy: *co
             c0 += g.step;
         }
     }
-    sync_threads();
+    sync_threads_divergent();
     if g.valid {
         let mut c0 = g.lane_c0;
         while c0 < channels {
@@ -423,7 +439,7 @@ unsafe fn bwd_cl<T: Element, const E: usize>(p: &LrnParams, x: *const T, dy: *co
             c0 += g.step;
         }
     }
-    sync_threads();
+    sync_threads_divergent();
     if g.valid {
         let mut c0 = g.lane_c0;
         while c0 < channels {

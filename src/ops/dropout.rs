@@ -248,11 +248,19 @@ fn logical_map(dims: &[usize], strides: [&[usize]; 2]) -> Result<IndexMap<2>> {
     index_map(&out_dims, &out_strides)
 }
 
-/// A grid-stride grid of whole warps for `warps` warp-steps: no more blocks than stay
-/// resident at once (the forward kernel counts finished blocks, one atomic each).
-fn warp_grid(warps: u64, sm_count: u32) -> Result<LaunchConfig> {
+/// Blocks per SM of the forward kernels: their registers (about 120 a thread in the packed
+/// kernel, which keeps the next chunk's loads in flight) leave room for 2 blocks of 256
+/// threads; one resident wave lets every warp loop over many chunks, keeping its software
+/// pipeline full, and the kernel counts finished blocks with one atomic each.
+const FWD_BLOCKS_PER_SM: u32 = 2;
+/// Blocks per SM of the backward kernels (about 40 registers: a full SM).
+const BWD_BLOCKS_PER_SM: u32 = 2048 / BLOCK_THREADS;
+
+/// A grid-stride grid of whole warps for `warps` warp-steps, at most `blocks_per_sm`
+/// blocks per SM.
+fn warp_grid(warps: u64, sm_count: u32, blocks_per_sm: u32) -> Result<LaunchConfig> {
     let mut cfg = LaunchConfig::for_threads(warps * 32, BLOCK_THREADS)?;
-    cfg.grid = cfg.grid.min(sm_count.max(1) * (2048 / BLOCK_THREADS));
+    cfg.grid = cfg.grid.min(sm_count.max(1) * blocks_per_sm);
     Ok(cfg)
 }
 
@@ -334,7 +342,14 @@ pub fn dropout_forward(
             // descriptors' spans and the packed kernel runs only when both are row-major
             // dense (offset i = element i < len), the strided map only produces offsets
             // inside the spans; the reserve holds ceil(len / 32) words (checked).
-            unsafe { gpu.launch(kernel, warp_grid(warps, gpu.sm_count)?, &p, &ptrs) }
+            unsafe {
+                gpu.launch(
+                    kernel,
+                    warp_grid(warps, gpu.sm_count, FWD_BLOCKS_PER_SM)?,
+                    &p,
+                    &ptrs,
+                )
+            }
         }
     }
 }
@@ -386,7 +401,7 @@ pub fn dropout_backward(
             let (kernel, cfg) = if packed {
                 let warps = packed_warps(len, dtype.size_bytes());
                 let kernel = kernels::dropout_bwd_packed(dtype).ok_or_else(unsupported)?;
-                (kernel, warp_grid(warps, gpu.sm_count)?)
+                (kernel, warp_grid(warps, gpu.sm_count, BWD_BLOCKS_PER_SM)?)
             } else {
                 let kernel = kernels::dropout_bwd_strided(dtype).ok_or_else(unsupported)?;
                 (kernel, super::grid_stride_config(len, gpu.sm_count)?)

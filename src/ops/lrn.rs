@@ -170,9 +170,32 @@ enum Direction {
 const CHANNELS_LAST_SMEM_LIMIT: u32 = 64 * 1024;
 /// Shared memory the walk kernels take per block, at most.
 const WALK_SMEM_LIMIT: u32 = 48 * 1024;
-/// Resident threads per SM the walk kernels aim to fill (their registers and rings allow
-/// about this many).
-const WALK_THREADS_PER_SM: u64 = 1024;
+/// Registers per thread of the walk kernels, as ptxas reports them for sm_90 (rounded up):
+/// with the rings' shared memory they bound how many threads an SM holds.
+const WALK_FWD_REGISTERS: u32 = 48;
+const WALK_BWD_REGISTERS: u32 = 64;
+/// Shared memory an SM offers its blocks (H100: 228 KB, 1 KB of it per block reserved).
+const SM_SHARED_BYTES: u32 = 227 * 1024;
+
+/// Channel segments per pixel for the walk kernels: the count minimising a simple cost
+/// model, waves of resident threads times the channels each thread walks (its segment plus
+/// the window's warm-up, `warm_up` channels), so that small pixel counts still fill the GPU
+/// without splitting channels more than pays.
+fn walk_segments(pixels: u64, channels: u64, warm_up: u64, resident_threads: u64) -> u64 {
+    let mut best = (u64::MAX, 1);
+    for segments in 1..=channels.min(64) {
+        let segment_len = channels.div_ceil(segments);
+        if segments > 1 && channels.div_ceil(segment_len) < segments {
+            continue; // the same split as a smaller count
+        }
+        let waves = (segments * pixels).div_ceil(resident_threads.max(1));
+        let cost = waves * (segment_len + warm_up);
+        if cost < best.0 {
+            best = (cost, segments);
+        }
+    }
+    best.1
+}
 
 /// The kernel, its parameters and its grid for one call. `descs`: forward `[x, y, y]`,
 /// backward `[x, dy, dx]`.
@@ -268,8 +291,7 @@ fn plan(
         }
     }
 
-    // Walk: segments of channels per pixel so that the GPU fills, each long enough that
-    // the window's warm-up stays a small part of it.
+    // Walk: each thread a pixel and a segment of its channels.
     let n = lrn.n;
     let ring = n.next_power_of_two();
     let slot_bytes = match dir {
@@ -280,10 +302,14 @@ fn plan(
     while block > 32 && block * ring * slot_bytes > WALK_SMEM_LIMIT {
         block /= 2;
     }
-    let target = gpu.sm_count as u64 * WALK_THREADS_PER_SM;
-    let min_segment = (4 * n as usize).max(16);
-    let max_segments = channels.div_ceil(min_segment).max(1) as u64;
-    let segments = target.div_ceil(pixels as u64).clamp(1, max_segments);
+    let shared_bytes = block * ring * slot_bytes;
+    let (registers, warm_up) = match dir {
+        Direction::Forward => (WALK_FWD_REGISTERS, n - 1),
+        Direction::Backward => (WALK_BWD_REGISTERS, 2 * (n - 1)),
+    };
+    let blocks_per_sm = (65536 / (registers * block)).min(SM_SHARED_BYTES / shared_bytes.max(1));
+    let resident = gpu.sm_count as u64 * blocks_per_sm.max(1) as u64 * block as u64;
+    let segments = walk_segments(pixels as u64, channels as u64, warm_up as u64, resident);
     let segment_len = channels.div_ceil(segments as usize);
     let segments = channels.div_ceil(segment_len) as u64;
     let threads = segments * pixels as u64;
@@ -301,7 +327,7 @@ fn plan(
     }
     .ok_or_else(unsupported)?;
     let mut cfg = LaunchConfig::for_threads(threads, block)?;
-    cfg.shared_bytes = block * ring * slot_bytes;
+    cfg.shared_bytes = shared_bytes;
     Ok((kernel, p, cfg))
 }
 
@@ -401,5 +427,19 @@ pub fn lrn_cross_channel_backward(
             // offset the parameters produce is a logical element's.
             unsafe { gpu.launch(kernel, cfg, &p, &ptrs) }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::walk_segments;
+
+    #[test]
+    fn walk_segments_fill_the_gpu_only_as_far_as_it_pays() {
+        // Many pixels: no split. Few pixels, many channels: split into segments.
+        assert_eq!(walk_segments(1 << 22, 96, 4, 168_960), 1);
+        assert_eq!(walk_segments(23_328, 256, 4, 168_960), 7);
+        assert!(walk_segments(12, 3000, 30, 135_168) >= 32);
+        assert_eq!(walk_segments(5, 1, 0, 1000), 1);
     }
 }
