@@ -45,15 +45,23 @@ pub use ops::activation::{
     activation_backward, activation_forward, activation_forward_in_place, ActivationDescriptor,
     ActivationMode,
 };
-pub use ops::layer_norm::{
-    layer_norm_backward, layer_norm_backward_workspace_size, layer_norm_forward,
-    LayerNormDescriptor, NormMode,
-};
 pub use ops::batch_norm::{
     batch_norm_backward, batch_norm_backward_workspace_size, batch_norm_forward_inference,
     batch_norm_forward_training, batch_norm_forward_training_workspace_size,
     derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
     RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
+};
+pub use ops::dropout::{
+    dropout_backward, dropout_forward, dropout_generator_state, dropout_reserve_space_size,
+    dropout_states_size, DropoutDescriptor, DropoutGeneratorState,
+};
+pub use ops::layer_norm::{
+    layer_norm_backward, layer_norm_backward_workspace_size, layer_norm_forward,
+    LayerNormDescriptor, NormMode,
+};
+pub use ops::lrn::{
+    lrn_cross_channel_backward, lrn_cross_channel_forward, LrnDescriptor, LRN_MAX_N, LRN_MIN_BETA,
+    LRN_MIN_K, LRN_MIN_N,
 };
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,

@@ -170,6 +170,18 @@ pub fn bar_sync(id: u32, threads: u32) {
     }
 }
 
+/// `__syncthreads()` that stays correct where a warp reaches it diverged: PTX
+/// `barrier.sync 0` without `.aligned` counts each thread's arrival, whichever barrier
+/// instruction it executes. `bar.sync` (= `barrier.sync.aligned`) needs every lane of a warp
+/// at the same instruction, and LLVM may duplicate a barrier into both arms of a branch that
+/// follows it (seen: `if valid {..} sync_threads(); if valid {..}` became two `bar.sync`,
+/// and a warp with valid and invalid lanes hung). Every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads_divergent() {
+    // SAFETY: a block-wide barrier; callers have every thread of the block reach it.
+    unsafe { asm!("barrier.sync 0;", options(nostack, preserves_flags)) }
+}
+
 /// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.
 #[inline(always)]
 pub fn sync_warp() {
@@ -869,6 +881,70 @@ pub fn f32_to_tf32(v: u32) -> u32 {
              options(pure, nomem, nostack));
     }
     out
+}
+
+/// A 64-bit shared-memory load of an f64.
+///
+/// # Safety
+/// As [`ld_shared_u32`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_shared_f64(addr: u32) -> f64 {
+    let v: f64;
+    asm!("ld.shared.f64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) addr,
+         options(readonly, nostack, preserves_flags));
+    v
+}
+
+/// A 64-bit shared-memory store of an f64.
+///
+/// # Safety
+/// As [`ld_shared_f64`].
+#[inline(always)]
+pub unsafe fn st_shared_f64(addr: u32, v: f64) {
+    asm!("st.shared.f64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v,
+         options(nostack, preserves_flags));
+}
+
+/// A 32-bit shared-memory load of an f32.
+///
+/// # Safety
+/// As [`ld_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    f32::from_bits(ld_shared_u32(addr))
+}
+
+/// A 32-bit shared-memory store of an f32.
+///
+/// # Safety
+/// As [`ld_shared_u32`].
+#[inline(always)]
+pub unsafe fn st_shared_f32(addr: u32, v: f32) {
+    st_shared_u32(addr, v.to_bits())
+}
+
+// ---------------------------------------------------------------------------------------
+// Device-wide atomics and fences
+// ---------------------------------------------------------------------------------------
+
+/// `atomicAdd` on a global `u32`; returns the old value.
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into writable global memory.
+#[inline(always)]
+pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    asm!("atom.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p,
+         v = in(reg32) v, options(nostack, preserves_flags));
+    old
+}
+
+/// `__threadfence()`: this thread's memory accesses before it are ordered, device-wide,
+/// before its accesses after it.
+#[inline(always)]
+pub fn thread_fence() {
+    // SAFETY: a memory fence; no memory is touched.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
 }
 
 /// Stops the kernel with an error the host sees at the next synchronisation.

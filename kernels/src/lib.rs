@@ -25,9 +25,13 @@ pub mod rows;
 
 pub mod activation;
 #[cfg(not(feature = "sm90a"))]
+pub mod batch_norm;
+#[cfg(not(feature = "sm90a"))]
+pub mod dropout;
+#[cfg(not(feature = "sm90a"))]
 pub mod layer_norm;
 #[cfg(not(feature = "sm90a"))]
-pub mod batch_norm;
+pub mod lrn;
 pub mod matmul;
 #[cfg(not(feature = "sm90a"))]
 pub mod pooling;

@@ -3,8 +3,10 @@
 //! against it.
 
 pub mod activation;
-pub mod layer_norm;
 pub mod batch_norm;
+pub mod dropout;
+pub mod layer_norm;
+pub mod lrn;
 pub mod matmul;
 pub mod pooling;
 pub mod reduce;
