@@ -2,6 +2,10 @@
 //! embeds the PTX, and generates the kernel-name constants and dtype dispatch from the
 //! PTX's `.entry` list (so a misspelt kernel name does not compile).
 //!
+//! Two nested builds: every op family for `OXIDNN_CUDA_ARCH`, and the Hopper family
+//! (`wgmma_*`, the kernels crate's `sm90a` feature) for `sm_90a`, whose module only a
+//! compute-capability-9.0 device loads. They run side by side.
+//!
 //! Settings (environment): `OXIDNN_CUDA_ARCH` = `sm_80` (default: PTX that runs on sm_80 and
 //! newer) or any other `sm_XX[a]`, e.g. `sm_90`.
 
@@ -44,27 +48,50 @@ fn main() {
         ));
     }
 
-    let ptx = declare_dynamic_smem(&build_kernels(&kernels, &out, &arch));
-    let embedded = out.join("oxidnn_kernels.ptx");
-    fs::write(&embedded, &ptx)
-        .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
-    let names = entry_names(&ptx);
-    if names.is_empty() {
-        fail("the kernel PTX has no .entry: nothing to launch");
+    let hopper = KernelBuild::start(&kernels, &out, HOPPER_ARCH, Some("sm90a"));
+    let main = KernelBuild::start(&kernels, &out, &arch, None);
+    let mut names = Vec::new();
+    let mut modules = Vec::new();
+    for (build, arch) in [(main, arch.as_str()), (hopper, HOPPER_ARCH)] {
+        let ptx = declare_dynamic_smem(&build.finish());
+        let embedded = out.join(format!("oxidnn_kernels_{arch}.ptx"));
+        fs::write(&embedded, &ptx)
+            .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
+        let entries = entry_names(&ptx);
+        if entries.is_empty() {
+            fail(&format!(
+                "the {arch} kernel PTX has no .entry: nothing to launch"
+            ));
+        }
+        let split = ptx_modules::split(&ptx, &entries)
+            .unwrap_or_else(|e| fail(&format!("splitting the {arch} PTX into modules: {e}")));
+        for m in split {
+            if modules
+                .iter()
+                .any(|(_, n): &(&str, ptx_modules::Module)| n.family == m.family)
+            {
+                fail(&format!("op family {} has kernels in two builds", m.family));
+            }
+            modules.push((arch, m));
+        }
+        names.extend(entries);
     }
+    names.sort();
     let generated = out.join("kernel_names.rs");
     fs::write(&generated, generate(&names, &arch))
         .unwrap_or_else(|e| fail(&format!("writing {}: {e}", generated.display())));
-    let modules = ptx_modules::split(&ptx, &names)
-        .unwrap_or_else(|e| fail(&format!("splitting the PTX into modules: {e}")));
     let generated = out.join("kernel_modules.rs");
     fs::write(&generated, embed_modules(&modules, &out))
         .unwrap_or_else(|e| fail(&format!("writing {}: {e}", generated.display())));
 }
 
+/// The target of the Hopper build (`wgmma` needs the architecture-specific `a` target).
+const HOPPER_ARCH: &str = "sm_90a";
+
 /// Writes each family's PTX to `OUT_DIR/ptx/<family>.ptx` and returns the Rust source that
-/// embeds them: `MODULES` (family, PTX) and `module_index(kernel)`.
-fn embed_modules(modules: &[ptx_modules::Module], out: &Path) -> String {
+/// embeds them: `MODULES` (family, PTX), `ARCHS` (each module's target) and
+/// `module_index(kernel)`.
+fn embed_modules(modules: &[(&str, ptx_modules::Module)], out: &Path) -> String {
     let dir = out.join("ptx");
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir).unwrap_or_else(|e| fail(&format!("creating {}: {e}", dir.display())));
@@ -78,7 +105,7 @@ fn embed_modules(modules: &[ptx_modules::Module], out: &Path) -> String {
         "/// Each op family's PTX module: (family, PTX). A family's kernels are named `<family>_*`."
     );
     let _ = writeln!(s, "pub const MODULES: &[(&str, &str)] = &[");
-    for m in modules {
+    for (_, m) in modules {
         let path = dir.join(format!("{}.ptx", m.family));
         fs::write(&path, &m.ptx)
             .unwrap_or_else(|e| fail(&format!("writing {}: {e}", path.display())));
@@ -89,6 +116,12 @@ fn embed_modules(modules: &[ptx_modules::Module], out: &Path) -> String {
         );
     }
     let _ = writeln!(s, "];");
+    let _ = writeln!(
+        s,
+        "/// The PTX target of each module of [`MODULES`] (`sm_90a` modules run on CC 9.0 only)."
+    );
+    let archs: Vec<String> = modules.iter().map(|(a, _)| format!("{a:?}")).collect();
+    let _ = writeln!(s, "pub const ARCHS: &[&str] = &[{}];", archs.join(", "));
     let _ = writeln!(
         s,
         "/// The index in [`MODULES`] of the module that holds `kernel`."
@@ -104,22 +137,72 @@ fn fail(message: &str) -> ! {
     std::process::exit(1);
 }
 
-/// Runs the nested kernel build and returns its PTX.
-fn build_kernels(kernels: &Path, out: &Path, arch: &str) -> String {
-    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let target_dir = out.join("kernels-target");
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(kernels)
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "nvptx64-nvidia-cuda",
-            "-Zbuild-std=core",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir);
-    // The outer build's settings are for the host; the nested one starts clean.
+/// A nested kernel build in progress.
+struct KernelBuild {
+    child: std::process::Child,
+    ptx: PathBuf,
+    what: String,
+}
+
+impl KernelBuild {
+    /// Starts `cargo build` of the kernels crate for `arch` (with `feature`, if any) in a
+    /// target directory of its own.
+    fn start(kernels: &Path, out: &Path, arch: &str, feature: Option<&str>) -> Self {
+        let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let target_dir = match feature {
+            None => out.join("kernels-target"),
+            Some(f) => out.join(format!("kernels-target-{f}")),
+        };
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(kernels)
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "nvptx64-nvidia-cuda",
+                "-Zbuild-std=core",
+            ])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        if let Some(f) = feature {
+            cmd.args(["--features", f]);
+        }
+        clean_environment(&mut cmd);
+        cmd.env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("could not run cargo for kernels/: {e}")));
+        Self {
+            child,
+            ptx: target_dir.join("nvptx64-nvidia-cuda/release/oxidnn_kernels.ptx"),
+            what: format!("kernels/ for {arch}"),
+        }
+    }
+
+    /// Waits for the build and returns its PTX.
+    fn finish(self) -> String {
+        let output = self
+            .child
+            .wait_with_output()
+            .unwrap_or_else(|e| fail(&format!("waiting for cargo ({}): {e}", self.what)));
+        if !output.status.success() {
+            eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+            fail(&format!(
+                "compiling {} to PTX failed (compiler output above)",
+                self.what
+            ));
+        }
+        fs::read_to_string(&self.ptx)
+            .unwrap_or_else(|e| fail(&format!("reading {}: {e}", self.ptx.display())))
+    }
+}
+
+/// Removes the outer build's settings, which are for the host: the nested build starts
+/// clean.
+fn clean_environment(cmd: &mut Command) {
     for (key, _) in env::vars() {
         let outer = key.starts_with("CARGO_") && key != "CARGO_HOME";
         if outer
@@ -135,18 +218,6 @@ fn build_kernels(kernels: &Path, out: &Path, arch: &str) -> String {
             cmd.env_remove(&key);
         }
     }
-    cmd.env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_ENCODED_RUSTFLAGS", format!("-Ctarget-cpu={arch}"));
-    let output = cmd
-        .output()
-        .unwrap_or_else(|e| fail(&format!("could not run cargo for kernels/: {e}")));
-    if !output.status.success() {
-        eprintln!("{}", String::from_utf8_lossy(&output.stderr));
-        fail("compiling kernels/ to PTX failed (compiler output above)");
-    }
-    let ptx_path = target_dir.join("nvptx64-nvidia-cuda/release/oxidnn_kernels.ptx");
-    fs::read_to_string(&ptx_path)
-        .unwrap_or_else(|e| fail(&format!("reading {}: {e}", ptx_path.display())))
 }
 
 /// The module-scope symbol of dynamic shared memory that `device::dynamic_smem` names.

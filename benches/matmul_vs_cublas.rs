@@ -279,10 +279,11 @@ fn shapes() -> Vec<Shape> {
     v
 }
 
-/// An algorithm's short name: its output tile.
+/// An algorithm's short name: its output tile, `wg` first for the Hopper `wgmma` ones.
 fn algo_name(a: MatmulAlgo) -> String {
     let (rows, cols) = a.tile();
-    format!("{rows}x{cols}")
+    let hopper = if a.needs_sm90a() { "wg" } else { "" };
+    format!("{hopper}{rows}x{cols}")
 }
 
 // ---------------------------------------------------------------------------------------

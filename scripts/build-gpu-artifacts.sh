@@ -33,7 +33,9 @@ fi
 benches=$(cd "$out" && ls | grep -E 'vs_' || true)
 strip "$out"/tests/* "$out"/oxidnn-demo $(for b in $benches; do echo "$out/$b"; done) 2>/dev/null || true
 # The embedded PTX makes each binary ~10 MB; compressed, all of them travel in a few MB.
-(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches && rm -rf tests oxidnn-demo $benches)
+# PyTorch's norm timings, which run-all.sh runs before the benches (norm_vs_cudnn reads them).
+cp benches/torch_norms.py "$out/"
+(cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches torch_norms.py && rm -rf tests oxidnn-demo $benches torch_norms.py)
 cp scripts/run-all.sh "$out/run-all.sh"
 du -sh "$out"
 tar -tJf "$out/bundle.tar.xz"

@@ -34,6 +34,17 @@ echo "ALL TESTS: $passed passed, $failed failed"
 # the benches whose name contains NAME (e.g. matmul, vs_cudnn, pooling).
 only="${OXIDNN_BENCH_ONLY:-}"
 if [ -z "${OXIDNN_SKIP_BENCH:-}" ]; then
+  # PyTorch's layer/RMS norm times for norm_vs_cudnn (cuDNN's classic API has none), when
+  # python3 with torch is there.
+  case norm_vs_cudnn in *"$only"*)
+    if [ -f "$here/torch_norms.py" ] && python3 -c 'import torch' >/dev/null 2>&1; then
+      echo "=== PyTorch norms (torch_norms.py)"
+      python3 "$here/torch_norms.py" "$logs/torch_norms.csv" 2>&1 | tee "$logs/torch_norms.log" | tail -30
+      [ -s "$logs/torch_norms.csv" ] && export OXIDNN_TORCH_CSV="$logs/torch_norms.csv"
+    else
+      echo "=== PyTorch norms: no python3 with torch; norm_vs_cudnn times oxidnn's norms alone"
+    fi ;;
+  esac
   for b in "$here"/*vs_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")

@@ -84,6 +84,14 @@ impl Handle {
         }
     }
 
+    /// The GPU's compute capability (major, minor), or `None` for the CPU handle.
+    pub fn compute_capability(&self) -> Option<(u32, u32)> {
+        match &self.backend {
+            Backend::Gpu(g) => Some(g.compute_capability),
+            Backend::Cpu => None,
+        }
+    }
+
     /// The stream ops are issued on (`None` for the CPU handle).
     pub fn stream(&self) -> Option<&Arc<CudaStream>> {
         match &self.backend {

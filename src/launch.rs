@@ -51,6 +51,8 @@ pub(crate) struct Gpu {
     /// Each function used so far, with the dynamic shared memory it has been allowed.
     functions: Mutex<HashMap<&'static str, (Function, u32)>>,
     pub(crate) sm_count: u32,
+    /// Compute capability, (major, minor).
+    pub(crate) compute_capability: (u32, u32),
     pub(crate) name: String,
 }
 
@@ -112,6 +114,15 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::driver("cuDeviceGetAttribute", e))? as u32;
+        let attribute = |a| {
+            ctx.attribute(a)
+                .map_err(|e| Error::driver("cuDeviceGetAttribute", e))
+                .map(|v| v as u32)
+        };
+        let compute_capability = (
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         Ok(Self {
             ctx,
@@ -119,6 +130,7 @@ impl Gpu {
             modules: Mutex::new(vec![None; modules::MODULES.len()]),
             functions: Mutex::new(HashMap::new()),
             sm_count,
+            compute_capability,
             name,
         })
     }
@@ -158,10 +170,22 @@ impl Gpu {
         Ok(entry.0)
     }
 
+    /// Whether this device runs the Hopper (`sm_90a`) kernels: compute capability 9.0
+    /// exactly (architecture-specific PTX runs on no other).
+    pub(crate) fn is_sm90a(&self) -> bool {
+        self.compute_capability == (9, 0)
+    }
+
     /// The loaded module holding `kernel`, loading it if this is its family's first use.
     fn module_of(&self, kernel: &str) -> Result<Arc<Module>> {
         let index = modules::module_index(kernel)
             .ok_or_else(|| Error::bad("kernel", format!("no PTX module holds `{kernel}`")))?;
+        if modules::ARCHS[index] == "sm_90a" && !self.is_sm90a() {
+            let (major, minor) = self.compute_capability;
+            return Err(Error::unsupported(format!(
+                "`{kernel}` is sm_90a code; this device is compute capability {major}.{minor}"
+            )));
+        }
         let mut loaded = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = &loaded[index] {
             return Ok(m.clone());
@@ -212,6 +236,35 @@ impl Gpu {
             .map_err(|e| Error::driver("cuFuncSetAttribute", e))?;
         }
         Ok(Function(raw))
+    }
+
+    /// The largest block `kernel` can be launched with (its registers per thread bound it).
+    pub(crate) fn max_threads_per_block(&self, kernel: &'static str) -> Result<u32> {
+        let f = self.function(kernel, 0)?;
+        // SAFETY: `f` is a valid function of the loaded module.
+        let threads = unsafe {
+            result::function::get_function_attribute(
+                f.0,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            )
+        }
+        .map_err(|e| Error::driver("cuFuncGetAttribute", e))?;
+        Ok(threads.max(0) as u32)
+    }
+
+    /// How many blocks of `block` threads of `kernel` fit on one SM at once (for grids that
+    /// should fill the GPU exactly once, e.g. kernels that leave one partial result per
+    /// block).
+    pub(crate) fn resident_blocks_per_sm(&self, kernel: &'static str, block: u32) -> Result<u32> {
+        let f = self.function(kernel, 0)?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
+        // SAFETY: `f` is a valid function of the loaded module.
+        let blocks =
+            unsafe { result::occupancy::max_active_block_per_multiprocessor(f.0, block as i32, 0) }
+                .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        Ok(blocks.max(1) as u32)
     }
 
     /// Launches `kernel(params, pointers..)` on the handle's stream.

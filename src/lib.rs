@@ -51,13 +51,30 @@ pub use ops::batch_norm::{
     derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
     RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
 };
+pub use ops::dropout::{
+    dropout_backward, dropout_forward, dropout_generator_state, dropout_reserve_space_size,
+    dropout_states_size, DropoutDescriptor, DropoutGeneratorState,
+};
+pub use ops::layer_norm::{
+    layer_norm_backward, layer_norm_backward_workspace_size, layer_norm_forward,
+    LayerNormDescriptor, NormMode,
+};
+pub use ops::lrn::{
+    lrn_cross_channel_backward, lrn_cross_channel_forward, LrnDescriptor, LRN_MAX_N, LRN_MIN_BETA,
+    LRN_MIN_K, LRN_MIN_N,
+};
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
     MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
 };
+pub use ops::pooling::{
+    pooling_backward, pooling_forward, pooling_forward_output_dims, PoolingDescriptor, PoolingMode,
+    PoolingNanOpt,
+};
 pub use ops::reduce::{
     reduce_tensor, reduce_tensor_workspace_size, ReduceOp, ReduceTensorDescriptor,
 };
+pub use ops::softmax::{softmax_backward, softmax_forward, SoftmaxAlgorithm, SoftmaxMode};
 pub use ops::tensor_ops::{
     add_tensor, op_tensor, scale_tensor, set_tensor, transform_tensor, OpTensorOp,
 };

@@ -189,6 +189,16 @@ fn every_kernel_the_host_names_is_in_its_family_module() {
             assert!(line.starts_with(&format!("{family}_")), "{family}: {line}");
         }
     }
+    // The Hopper family comes from the sm_90a build, every other from the main target's.
+    for (family, ptx) in ptx_modules() {
+        let sm90a = ptx.lines().any(|l| l.trim() == ".target sm_90a");
+        if *family == "wgmma" {
+            assert!(sm90a, "the wgmma module targets sm_90a");
+        } else if kernels::PTX_ARCH != "sm_90a" {
+            assert!(!sm90a, "{family} targets {}", kernels::PTX_ARCH);
+        }
+    }
+    assert!(kernels::lookup("wgmma_matmul_128x256_kn_f16").is_some());
     // Dispatch covers every GPU dtype for every family.
     for dt in DataType::GPU {
         assert!(

@@ -1,7 +1,8 @@
 //! matmul: the reference against hand-computed values; the GPU against the reference on
 //! drawn shapes, transposes, batches, epilogues, precisions and algorithms; exact results
-//! on integer data at tile-crossing sizes for every algorithm and copy path; the algorithm
-//! queries; and every kind of bad input.
+//! on integer data at tile-crossing sizes for every algorithm and copy path (the Hopper
+//! `wgmma` ones where the device and layouts allow, a `NotSupported` with the reason
+//! where not); the algorithm queries; and every kind of bad input.
 
 mod common;
 
@@ -200,6 +201,56 @@ fn prepare(
     }
 }
 
+/// Whether a `wgmma` algorithm must decline the operand `d` (a matrix descriptor): it
+/// takes operands with one of the two matrix dims contiguous (or of extent 1) and every
+/// other stride (extent-1 dims aside) a multiple of 16 bytes.
+fn wgmma_layout_ok(d: &TensorDescriptor) -> bool {
+    let per_chunk = 16 / d.dtype().size_bytes();
+    let rank = d.rank();
+    let stride = |i: usize| if d.dims()[i] == 1 { 0 } else { d.strides()[i] };
+    (rank - 2..rank).any(|fast| {
+        (d.dims()[fast] == 1 || d.strides()[fast] == 1)
+            && (0..rank)
+                .filter(|&i| i != fast)
+                .all(|i| stride(i) % per_chunk == 0)
+    })
+}
+
+/// The reason a forced algorithm must decline this case on `h` (a substring of the
+/// `NotSupported` message), or `None` if it must run it.
+fn declines(h: &Handle, c: &Case, p: &Prepared) -> Option<&'static str> {
+    let algo = c.algo?;
+    if !algo.needs_sm90a() {
+        return None;
+    }
+    if h.compute_capability() != Some((9, 0)) {
+        Some("compute capability 9.0")
+    } else if !wgmma_layout_ok(&p.a_desc) || !wgmma_layout_ok(&p.b_desc) {
+        Some("16-byte aligned")
+    } else {
+        None
+    }
+}
+
+/// Runs the case and checks the result against the reference within `tolerance`, or, where
+/// the forced algorithm must decline it, that it returns `NotSupported` with the reason.
+fn run_and_check(h: &Handle, c: &Case, p: &mut Prepared, tolerance: f64) {
+    match (run(h, c, p), declines(h, c, p)) {
+        (Ok(()), None) => check(
+            h,
+            &p.c_desc,
+            &p.c,
+            &p.expected,
+            tolerance,
+            &format!("{c:?}"),
+        ),
+        (Err(Error::NotSupported { message }), Some(why)) => {
+            assert!(message.contains(why), "{c:?}: {message} (expected: {why})")
+        }
+        (result, why) => panic!("{c:?}: got {result:?}, expected to decline: {why:?}"),
+    }
+}
+
 fn run(h: &Handle, c: &Case, p: &mut Prepared) -> Result<()> {
     let mut desc = MatmulDescriptor::new(c.math);
     if let Some(algo) = c.algo {
@@ -299,8 +350,7 @@ proptest! {
         with_gpu("gpu_matches_reference", |h| {
             let mut r = rng(seed);
             let mut p = prepare(h, &c, &mut |d| random(d, -1.0, 1.0, &mut r));
-            run(h, &c, &mut p).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-            check(h, &p.c_desc, &p.c, &p.expected, tolerance(&c), &format!("{c:?}"));
+            run_and_check(h, &c, &mut p, tolerance(&c));
         });
     }
 }
@@ -354,11 +404,82 @@ fn exact_on_integers_across_tile_edges_for_every_algorithm_and_copy_path() {
                             residual: None,
                         };
                         let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
-                        run(h, &c, &mut p).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-                        check(h, &p.c_desc, &p.c, &p.expected, 0.0, &format!("{c:?}"));
+                        run_and_check(h, &c, &mut p, 0.0);
                     }
                 }
             }
+        }
+    });
+}
+
+/// The `wgmma` algorithms on layouts they take (16-byte aligned strides) at sizes that
+/// cross their 128-row, 128/256-column and 64-K edges, K = 1 and 2, all four
+/// K-/MN-major operand combinations, batches with a broadcast operand, and the epilogue
+/// (alpha, beta, bias, residual, relu, f32/f16/bf16 output): exact on integers.
+#[test]
+fn wgmma_exact_on_integers_at_aligned_edges() {
+    with_gpu("wgmma_exact_on_integers", |h| {
+        let shapes = [
+            (136, 264, 520, Some(2), (false, true)),
+            (128, 256, 128, None, (false, false)),
+            (8, 8, 8, None, (false, false)),
+            (264, 136, 64, Some(3), (true, false)),
+            (200, 72, 1, None, (false, false)),
+            (72, 200, 2, Some(2), (false, false)),
+            (392, 520, 1000, None, (false, false)),
+        ];
+        let mut r = rng(23);
+        let mut ran = 0;
+        for (input, out16) in [
+            (DataType::F16, DataType::F16),
+            (DataType::BF16, DataType::BF16),
+        ] {
+            for algo in MatmulAlgo::ALL.into_iter().filter(|a| a.needs_sm90a()) {
+                for (i, &(m, n, k, batch, broadcast)) in shapes.iter().enumerate() {
+                    for layouts in 0..8u8 {
+                        // Every other case runs the whole epilogue, in f32 or (on smaller
+                        // magnitudes: K <= 128 keeps sums exact in 16 bits) 16-bit output.
+                        let full = (i + layouts as usize) % 2 == 1;
+                        let output = if full && k <= 128 && input == DataType::F16 {
+                            out16
+                        } else {
+                            DataType::F32
+                        };
+                        let c = Case {
+                            input,
+                            output,
+                            math: MatmulMath::TensorOp,
+                            algo: Some(algo),
+                            m,
+                            n,
+                            k,
+                            batch,
+                            broadcast,
+                            col_major: (layouts & 1 != 0, layouts & 2 != 0, layouts & 4 != 0),
+                            pads: (8 * (i % 2), 8 * (i % 3 == 0) as usize, (i % 2)),
+                            alpha: 1.0,
+                            beta: if full { 1.0 } else { 0.0 },
+                            activation: if full {
+                                ActivationDescriptor::relu()
+                            } else {
+                                ActivationDescriptor::identity()
+                            },
+                            bias: if full {
+                                BiasMode::PerColumn
+                            } else {
+                                BiasMode::None
+                            },
+                            residual: full.then_some(-1.0),
+                        };
+                        let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
+                        ran += declines(h, &c, &p).is_none() as usize;
+                        run_and_check(h, &c, &mut p, 0.0);
+                    }
+                }
+            }
+        }
+        if h.compute_capability() == Some((9, 0)) {
+            assert!(ran > 100, "only {ran} cases ran on wgmma");
         }
     });
 }
@@ -402,10 +523,12 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
             desc(DataType::F16, &[4096, 4096]),
         );
         let d = MatmulDescriptor::new(MatmulMath::TensorOp);
-        assert_eq!(
-            get_matmul_algorithm(h, &d, &a, &b, &c).unwrap(),
+        let largest = if h.compute_capability() == Some((9, 0)) {
+            MatmulAlgo::Wgmma128x256
+        } else {
             MatmulAlgo::Tile128x256
-        );
+        };
+        assert_eq!(get_matmul_algorithm(h, &d, &a, &b, &c).unwrap(), largest);
         let (a, b, c) = (
             desc(DataType::F32, &[16, 8]),
             desc(DataType::F32, &[8, 16]),
@@ -416,9 +539,11 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
         assert_eq!(algo, MatmulAlgo::Tile64x64);
     }
     with_gpu("find_ranks_algorithms", |h| {
-        for (input, math) in [
-            (DataType::F32, MatmulMath::Fma),
-            (DataType::BF16, MatmulMath::TensorOp),
+        // (K = 100 leaves row-major A unaligned for wgmma; K = 128 does not.)
+        for (input, math, k) in [
+            (DataType::F32, MatmulMath::Fma, 100),
+            (DataType::BF16, MatmulMath::TensorOp, 100),
+            (DataType::BF16, MatmulMath::TensorOp, 128),
         ] {
             let c = Case {
                 input,
@@ -427,7 +552,7 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
                 algo: None,
                 m: 300,
                 n: 200,
-                k: 100,
+                k,
                 batch: None,
                 broadcast: (false, false),
                 col_major: (false, false, false),
@@ -458,9 +583,10 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
                 3,
             )
             .unwrap();
+            let sm90a = h.compute_capability() == Some((9, 0));
             let want: Vec<_> = MatmulAlgo::ALL
                 .into_iter()
-                .filter(|a| a.supports(math))
+                .filter(|a| a.supports(math) && (!a.needs_sm90a() || (sm90a && k == 128)))
                 .collect();
             assert_eq!(ranked.len(), want.len(), "{ranked:?}");
             assert!(want.iter().all(|a| ranked.iter().any(|r| r.algo == *a)));
@@ -719,6 +845,39 @@ fn unsupported_precision_combinations_say_so() {
         match call.run(h) {
             Err(Error::NotSupported { message }) => assert!(message.contains("Tile128x256")),
             other => panic!("128x256 tf32: got {other:?}"),
+        }
+        for algo in [MatmulAlgo::Wgmma128x256, MatmulAlgo::Wgmma128x128] {
+            let call = Call {
+                algo: Some(algo),
+                ..Call::valid()
+            };
+            match call.run(h) {
+                Err(Error::NotSupported { message }) => {
+                    assert!(
+                        message.contains(&format!("{algo:?}")) && message.contains("Fma"),
+                        "{message}"
+                    )
+                }
+                other => panic!("{algo:?} on f32: got {other:?}"),
+            }
+            // f16 [4, 3] x [3, 5]: K = 3 rows of A are not 16-byte aligned.
+            let call = Call {
+                math: MatmulMath::TensorOp,
+                algo: Some(algo),
+                a: d(DataType::F16, &[4, 3]),
+                b: d(DataType::F16, &[3, 5]),
+                c: d(DataType::F16, &[4, 5]),
+                ..Call::valid()
+            };
+            let why = if h.compute_capability() == Some((9, 0)) {
+                "16-byte aligned"
+            } else {
+                "compute capability 9.0"
+            };
+            match call.run(h) {
+                Err(Error::NotSupported { message }) => assert!(message.contains(why), "{message}"),
+                other => panic!("{algo:?} on unaligned f16: got {other:?}"),
+            }
         }
         let call = Call {
             a: d(DataType::F64, &[4, 3]),

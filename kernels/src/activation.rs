@@ -279,4 +279,6 @@ macro_rules! activation_entry_points {
     };
 }
 
+// The sm90a build takes only `forward` (for the matmul epilogue), not the entry points.
+#[cfg(not(feature = "sm90a"))]
 crate::for_each_dtype!(activation_entry_points);

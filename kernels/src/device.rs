@@ -6,6 +6,9 @@
 use core::arch::asm;
 use core::arch::nvptx;
 
+#[cfg(feature = "sm90a")]
+pub mod hopper;
+
 // ---------------------------------------------------------------------------------------
 // Indices
 // ---------------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ macro_rules! unroll {
 }
 
 /// Calls `f(0) .. f(n - 1)` as straight-line code when `n` is a compile-time constant up to
-/// 16 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
+/// 16, or 32 (after inlining the `match` folds to one arm): the loop over a const-generic tile size
 /// is unrolled whatever its body's size, so register arrays indexed by `i` stay in
 /// registers. Larger `n` runs as a plain loop.
 #[inline(always)]
@@ -121,6 +124,8 @@ pub fn unrolled(n: usize, mut f: impl FnMut(usize)) {
         7 => [0, 1, 2, 3, 4, 5, 6],
         8 => [0, 1, 2, 3, 4, 5, 6, 7],
         16 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+        32 => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+               16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31],
     }
 }
 
@@ -147,6 +152,34 @@ macro_rules! unrolled {
 pub fn sync_threads() {
     // SAFETY: a block-wide barrier; callers keep it in uniform control flow.
     unsafe { nvptx::_syncthreads() }
+}
+
+/// `bar.sync id, threads`: a named barrier for `threads` threads (a multiple of 32) of the
+/// block, e.g. the warps of one row group when several groups share a block. `id` is 1 to
+/// 15 (0 is `__syncthreads`'s); every warp of those threads must reach it, converged.
+#[inline(always)]
+pub fn bar_sync(id: u32, threads: u32) {
+    // SAFETY: a barrier over whole warps; callers keep it in uniform control flow per group.
+    unsafe {
+        asm!(
+            "bar.sync {id}, {n};",
+            id = in(reg32) id,
+            n = in(reg32) threads,
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// `__syncthreads()` that stays correct where a warp reaches it diverged: PTX
+/// `barrier.sync 0` without `.aligned` counts each thread's arrival, whichever barrier
+/// instruction it executes. `bar.sync` (= `barrier.sync.aligned`) needs every lane of a warp
+/// at the same instruction, and LLVM may duplicate a barrier into both arms of a branch that
+/// follows it (seen: `if valid {..} sync_threads(); if valid {..}` became two `bar.sync`,
+/// and a warp with valid and invalid lanes hung). Every thread of the block must reach it.
+#[inline(always)]
+pub fn sync_threads_divergent() {
+    // SAFETY: a block-wide barrier; callers have every thread of the block reach it.
+    unsafe { asm!("barrier.sync 0;", options(nostack, preserves_flags)) }
 }
 
 /// `__syncwarp()`: orders the shared-memory accesses of the (converged) warp's lanes.
@@ -574,6 +607,30 @@ pub fn sqrt(x: f32) -> f32 {
     out
 }
 
+/// `max(a, b)` ignoring NaN (IEEE maxNum: a NaN operand yields the other; two NaNs, NaN).
+#[inline(always)]
+pub fn max_ignore_nan(a: f32, b: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("max.f32 {o}, {a}, {b};", o = out(reg32) out, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
+/// `max(a, b)`, NaN if either is NaN (sm_80+).
+#[inline(always)]
+pub fn max_propagate_nan(a: f32, b: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("max.NaN.f32 {o}, {a}, {b};", o = out(reg32) out, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
 /// Correctly rounded square root in double precision.
 #[inline(always)]
 pub fn sqrt_f64(x: f64) -> f64 {
@@ -824,6 +881,70 @@ pub fn f32_to_tf32(v: u32) -> u32 {
              options(pure, nomem, nostack));
     }
     out
+}
+
+/// A 64-bit shared-memory load of an f64.
+///
+/// # Safety
+/// As [`ld_shared_u32`], with 8-byte alignment.
+#[inline(always)]
+pub unsafe fn ld_shared_f64(addr: u32) -> f64 {
+    let v: f64;
+    asm!("ld.shared.f64 {v}, [{a}];", v = out(reg64) v, a = in(reg32) addr,
+         options(readonly, nostack, preserves_flags));
+    v
+}
+
+/// A 64-bit shared-memory store of an f64.
+///
+/// # Safety
+/// As [`ld_shared_f64`].
+#[inline(always)]
+pub unsafe fn st_shared_f64(addr: u32, v: f64) {
+    asm!("st.shared.f64 [{a}], {v};", a = in(reg32) addr, v = in(reg64) v,
+         options(nostack, preserves_flags));
+}
+
+/// A 32-bit shared-memory load of an f32.
+///
+/// # Safety
+/// As [`ld_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    f32::from_bits(ld_shared_u32(addr))
+}
+
+/// A 32-bit shared-memory store of an f32.
+///
+/// # Safety
+/// As [`ld_shared_u32`].
+#[inline(always)]
+pub unsafe fn st_shared_f32(addr: u32, v: f32) {
+    st_shared_u32(addr, v.to_bits())
+}
+
+// ---------------------------------------------------------------------------------------
+// Device-wide atomics and fences
+// ---------------------------------------------------------------------------------------
+
+/// `atomicAdd` on a global `u32`; returns the old value.
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into writable global memory.
+#[inline(always)]
+pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    asm!("atom.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p,
+         v = in(reg32) v, options(nostack, preserves_flags));
+    old
+}
+
+/// `__threadfence()`: this thread's memory accesses before it are ordered, device-wide,
+/// before its accesses after it.
+#[inline(always)]
+pub fn thread_fence() {
+    // SAFETY: a memory fence; no memory is touched.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
 }
 
 /// Stops the kernel with an error the host sees at the next synchronisation.

@@ -100,6 +100,38 @@ pub fn swizzled(row: u32, chunk: u32, row_chunks: u32) -> u32 {
     (row * row_chunks + phys) * CHUNK
 }
 
+/// Where a shared operand tile keeps its 16-byte chunks: chunk `chunk` of row `row` of a
+/// tile of `rows` rows of `row_chunks` chunks each (rows run along K for a K-major tile,
+/// along M/N for an MN-major one).
+pub trait SmemLayout {
+    fn offset(row: u32, chunk: u32, rows: u32, row_chunks: u32) -> u32;
+}
+
+/// Rows one after another, chunks XOR-swizzled within each row ([`swizzled`]): what
+/// `ldmatrix` reads conflict-free ([`mma_tile`]).
+pub struct RowSwizzled;
+
+impl SmemLayout for RowSwizzled {
+    #[inline(always)]
+    fn offset(row: u32, chunk: u32, _rows: u32, row_chunks: u32) -> u32 {
+        swizzled(row, chunk, row_chunks)
+    }
+}
+
+/// `wgmma`'s 128-byte swizzle atoms: the tile cut into column blocks of 8 chunks (128
+/// bytes), each block `rows` rows of 128 bytes, chunk `c` of row `r` stored at chunk
+/// `c ^ (r % 8)` of its row. With 8-chunk rows (a K-major tile of 64 16-bit elements) it
+/// is [`RowSwizzled`]'s layout; for longer rows (MN-major tiles) the blocks are what the
+/// descriptor's leading-dimension offset steps over. Tiles start at 1024-byte boundaries.
+pub struct Sw128Atoms;
+
+impl SmemLayout for Sw128Atoms {
+    #[inline(always)]
+    fn offset(row: u32, chunk: u32, rows: u32, _row_chunks: u32) -> u32 {
+        (chunk / 8) * rows * 128 + swizzled(row, chunk % 8, 8)
+    }
+}
+
 /// Copies one operand's `rows x BK` tile for each K step into shared memory.
 ///
 /// The shared tile is K-major (`rows` rows of `BK` elements) when `K_MAJOR`, else MN-major
@@ -275,14 +307,34 @@ pub unsafe fn mma_tile<E, S, const MI: usize, const NI: usize, LA, LB, EP>(
     // epilogue's staging area.
     cp_async_wait(0);
     sync_threads();
+    store_warp_tile(
+        &acc,
+        smem + warp * mma_stage_bytes(1, NI as u32 * 8),
+        ep,
+        (row0 + warp_m, col0 + warp_n),
+    );
+}
 
-    // Each warp stages its accumulators 16 rows (one `mi`) at a time, so that each store
-    // instruction of the drain covers a contiguous run of an output row.
+/// Hands one warp's `MI*16 x NI*8` accumulator tile (the `mma.sync` m16n8 layout: block
+/// `[mi][ni]` of lane `(g, t) = (lane / 4, lane % 4)` holds rows `mi*16 + g` and `+ 8`,
+/// columns `ni*8 + 2t` and `+ 1`) to `ep` at output origin `(r0, c0)`, 16 rows at a time
+/// through the warp's staging area at shared `stage` ([`mma_stage_bytes`]`(1, NI * 8)`
+/// bytes), so that each store instruction of the drain covers a contiguous run of an
+/// output row.
+///
+/// # Safety
+/// The whole warp calls it; `stage` is this warp's alone until it returns; `ep`'s contract.
+#[inline(always)]
+pub unsafe fn store_warp_tile<EP: Epilogue, const MI: usize, const NI: usize>(
+    acc: &[[[f32; 4]; NI]; MI],
+    stage: u32,
+    ep: &EP,
+    (r0, c0): (u32, u32),
+) {
     let lane = thread_idx_x() & 31;
     let (g, t) = (lane >> 2, lane & 3);
     let wn = NI as u32 * 8;
     let stride = wn + STAGE_PAD;
-    let stage = smem + warp * 16 * stride * 4;
     unrolled!(mi in MI => {
         unrolled!(ni in NI => {
             let c = ni as u32 * 8 + 2 * t;
@@ -291,7 +343,7 @@ pub unsafe fn mma_tile<E, S, const MI: usize, const NI: usize, LA, LB, EP>(
             st_shared_v2(stage + ((g + 8) * stride + c) * 4, [v[2], v[3]]);
         });
         sync_warp();
-        drain(stage, stride, ep, (row0 + warp_m + mi as u32 * 16, col0 + warp_n), (16, wn), lane, 32);
+        drain(stage, stride, ep, (r0 + mi as u32 * 16, c0), (16, wn), lane, 32);
         sync_warp();
     });
 }
@@ -505,3 +557,6 @@ pub unsafe fn fma_tile<
 pub const fn fma_stage_bytes(bm: u32, bn: u32) -> u32 {
     bm * (bn + 4) * 4
 }
+
+#[cfg(feature = "sm90a")]
+pub mod hopper;

@@ -7,6 +7,8 @@
 //!   `n` = M or N contiguous (MN-major tile), `gg` = any strides or alignment (element
 //!   gathers).
 //! * `matmul_fma_<BMxBN>_f32`: exact f32 on CUDA cores ([`fma_tile`]), any strides.
+//! * `wgmma_matmul_128x<BN>_<la><lb>_<f16|bf16>` (the `sm90a` build: family `wgmma`, a
+//!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
 use crate::device::{
     block_idx_x, block_idx_y, cp_async_16, dynamic_smem, grid_dim_y, st_shared_v4, sync_threads,
@@ -15,13 +17,21 @@ use crate::device::{
 use crate::element::{Bf16, Element, F16};
 use crate::gemm::{
     fma_stage_bytes, fma_tile, mma_stage_bytes, mma_tile, swizzled, Epilogue, Gather, MmaElement,
-    MmaShape, Tf32, TileLoader, FMA_BK, FMA_THREADS,
+    MmaShape, RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, FMA_THREADS,
 };
 use crate::unrolled;
+#[cfg(feature = "sm90a")]
+use crate::{
+    device::hopper::Accumulators,
+    gemm::hopper::{wgmma_tile, WgmmaElement},
+    gemm::Sw128Atoms,
+};
 use oxidnn_params::{
     fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, ActivationKind,
     BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
 };
+#[cfg(feature = "sm90a")]
+use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, WGMMA_BM, WGMMA_THREADS};
 
 /// One operand of one block: the `rows x k` matrix starting at the block's first row (M for
 /// A, N for B) in the block's batch; strides in elements.
@@ -135,7 +145,8 @@ impl Slots {
 
 /// `cp.async` copies of an operand whose K (when `K_MAJOR`) or MN elements are contiguous,
 /// with 16-byte aligned base and other stride: whole chunks, zero-filled past the edges.
-/// `ROWS x BK` tiles, `THREADS` threads, `SLOTS` chunks per thread.
+/// `ROWS x BK` tiles, `THREADS` threads, `SLOTS` chunks per thread, laid out in shared
+/// memory as `L` says.
 pub struct StridedTile<
     E,
     const K_MAJOR: bool,
@@ -143,10 +154,11 @@ pub struct StridedTile<
     const BK: u32,
     const THREADS: u32,
     const SLOTS: usize,
+    L = RowSwizzled,
 > {
     op: Operand,
     slots: Slots,
-    _e: core::marker::PhantomData<E>,
+    _e: core::marker::PhantomData<(E, L)>,
 }
 
 impl<
@@ -156,7 +168,8 @@ impl<
         const BK: u32,
         const THREADS: u32,
         const SLOTS: usize,
-    > MatmulLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
+        L: SmemLayout,
+    > MatmulLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS, L>
 {
     #[inline(always)]
     fn new(op: Operand) -> Self {
@@ -178,7 +191,8 @@ impl<
         const BK: u32,
         const THREADS: u32,
         const SLOTS: usize,
-    > TileLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS>
+        L: SmemLayout,
+    > TileLoader for StridedTile<E, K_MAJOR, ROWS, BK, THREADS, SLOTS, L>
 {
     const K_MAJOR: bool = K_MAJOR;
 
@@ -187,7 +201,11 @@ impl<
         let per = E::PER_CHUNK;
         let op = &self.op;
         let tile = kt as u64 * self.slots.tile_step;
-        let row_chunks = if K_MAJOR { BK } else { ROWS } / per;
+        let (tile_rows, row_chunks) = if K_MAJOR {
+            (ROWS, BK / per)
+        } else {
+            (BK, ROWS / per)
+        };
         unrolled!(i in SLOTS => {
             let id = thread_idx_x() + i as u32 * THREADS;
             let (r, c) = (id / row_chunks, id % row_chunks);
@@ -201,7 +219,7 @@ impl<
                 (op.rows - mn).min(per)
             };
             let src = if valid > 0 { src } else { op.base };
-            cp_async_16(dst + swizzled(r, c, row_chunks), src, valid * E::BYTES);
+            cp_async_16(dst + L::offset(r, c, tile_rows, row_chunks), src, valid * E::BYTES);
         });
     }
 }
@@ -549,15 +567,6 @@ macro_rules! mma_kernels {
     };
 }
 
-mma_kernels!(f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
-mma_kernels!(f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
-mma_kernels!(f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
-mma_kernels!(bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
-mma_kernels!(bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
-mma_kernels!(bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
-mma_kernels!(tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
-mma_kernels!(tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
-
 /// Stamps out an exact-f32 entry point for a `BM x BN` tile.
 macro_rules! fma_kernel {
     ($bm:literal, $bn:literal) => {
@@ -589,6 +598,100 @@ macro_rules! fma_kernel {
     };
 }
 
-fma_kernel!(128, 256);
-fma_kernel!(128, 128);
-fma_kernel!(64, 64);
+// The sm_80 build's kernels; the sm90a build (feature `sm90a`) has only the wgmma ones.
+#[cfg(not(feature = "sm90a"))]
+mod sm80_kernels {
+    use super::*;
+    mma_kernels!(f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
+    mma_kernels!(f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    mma_kernels!(f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    mma_kernels!(bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
+    mma_kernels!(bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    mma_kernels!(bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+    mma_kernels!(tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+    mma_kernels!(tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    fma_kernel!(128, 256);
+    fma_kernel!(128, 128);
+    fma_kernel!(64, 64);
+}
+
+// ---------------------------------------------------------------------------------------
+// Hopper: wgmma (sm_90a build only)
+// ---------------------------------------------------------------------------------------
+
+/// One block's `WGMMA_BM x BN` tile of each of its batches on `wgmma` ([`wgmma_tile`]).
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn matmul_wgmma<E, const BN: u32, const STAGES: u32, const NI: usize, LA, LB>(
+    p: &MatmulParams,
+    ptrs: (*const u8, *const u8, *mut u8, *const u8, *const u8),
+) where
+    E: WgmmaElement,
+    LA: MatmulLoader,
+    LB: MatmulLoader,
+    [[f32; 4]; NI]: Accumulators,
+{
+    let smem = dynamic_smem();
+    for_each_batch(
+        p,
+        (WGMMA_BM, BN, E::BYTES),
+        ptrs,
+        #[inline(always)]
+        |a, b, ep, row0, col0| {
+            wgmma_tile::<E, BN, STAGES, NI, LA, LB, MatmulEpilogue>(
+                &LA::new(a),
+                &LB::new(b),
+                p.k,
+                smem,
+                ep,
+                row0,
+                col0,
+            )
+        },
+    );
+}
+
+/// Stamps out the `wgmma_matmul_128x<BN>_<la><lb>_<dt>` entry points of one element type
+/// and tile width, for each of the four `k`/`n` copy modes of A and B (`cp.async` into
+/// [`Sw128Atoms`] tiles: K-major or MN-major, which `wgmma` reads through its transpose
+/// flags). Operands that need element gathers stay on the sm_80 kernels.
+#[cfg(feature = "sm90a")]
+macro_rules! wgmma_kernels {
+    ($dt:ident, $E:ty, $bn:literal) => {
+        const _: () = assert!(
+            mma_stage_bytes(WGMMA_THREADS / 32, $bn) <= wgmma_shared_bytes($bn) - 1024
+                && 64 * <$E as MmaElement>::BYTES == MMA_BK_BYTES
+        );
+        wgmma_kernels!(@one $dt, $E, $bn, k, true, k, true);
+        wgmma_kernels!(@one $dt, $E, $bn, k, true, n, false);
+        wgmma_kernels!(@one $dt, $E, $bn, n, false, k, true);
+        wgmma_kernels!(@one $dt, $E, $bn, n, false, n, false);
+    };
+    (@one $dt:ident, $E:ty, $bn:literal, $la:ident, $ka:literal, $lb:ident, $kb:literal) => {
+        paste::paste! {
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn [<wgmma_matmul_128x $bn _ $la $lb _ $dt>](
+                p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
+                z: *const u8,
+            ) {
+                const T: u32 = WGMMA_THREADS;
+                const BK: u32 = MMA_BK_BYTES / <$E as MmaElement>::BYTES;
+                const PER: u32 = <$E as MmaElement>::PER_CHUNK;
+                matmul_wgmma::<
+                    $E, $bn, { wgmma_stages($bn) }, { $bn / 8 },
+                    StridedTile<$E, $ka, WGMMA_BM, BK, T, { slots(WGMMA_BM, BK, PER, T) }, Sw128Atoms>,
+                    StridedTile<$E, $kb, $bn, BK, T, { slots($bn, BK, PER, T) }, Sw128Atoms>,
+                >(&p, (a, b, d, bias, z))
+            }
+        }
+    };
+}
+
+#[cfg(feature = "sm90a")]
+mod sm90a_kernels {
+    use super::*;
+    wgmma_kernels!(f16, F16, 256);
+    wgmma_kernels!(f16, F16, 128);
+    wgmma_kernels!(bf16, Bf16, 256);
+    wgmma_kernels!(bf16, Bf16, 128);
+}

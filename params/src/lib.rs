@@ -8,8 +8,15 @@
 
 mod batch_norm;
 mod divisor;
+mod dropout;
 mod index_map;
+mod layer_norm;
+mod lrn;
 mod matmul;
+mod philox;
+mod pooling;
+mod rows;
+mod softmax;
 
 pub use batch_norm::{
     bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
@@ -17,12 +24,32 @@ pub use batch_norm::{
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use divisor::FastDivisor;
-pub use index_map::IndexMap;
-pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
-    MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+pub use dropout::{
+    dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,
+    DropoutBwdParams, DropoutFwdParams, DropoutState, DROPOUT_MASK_WORD_BITS, DROPOUT_STATE_BYTES,
+    DROPOUT_STATE_MAGIC,
 };
+pub use index_map::IndexMap;
+pub use layer_norm::{
+    LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS, NORM_DBIAS,
+    NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
+};
+pub use lrn::{
+    lrn_pixel_slots, lrn_slot, LrnParams, LRN_CL_BWD_SLOT_BYTES, LRN_CL_FWD_SLOT_BYTES,
+    LRN_WALK_BWD_SLOT_BYTES, LRN_WALK_FWD_SLOT_BYTES,
+};
+pub use matmul::{
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
+    wgmma_stages, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
+};
+pub use philox::philox4x32_10;
+pub use pooling::{
+    PoolCoord, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
+};
+pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
+pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};
 
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
 pub const MAX_DIMS: usize = 8;

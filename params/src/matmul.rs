@@ -138,6 +138,25 @@ pub const fn mma_shared_bytes(bm: u32, bn: u32) -> u32 {
     (bm + bn) * MMA_BK_BYTES * mma_stages(bm, bn)
 }
 
+/// Rows of every `wgmma` (sm_90a) block tile: two warpgroups of `wgmma.m64nNk16`, each
+/// owning 64 rows by the tile's whole N.
+pub const WGMMA_BM: u32 = 128;
+/// Threads of a `wgmma` block: two warpgroups.
+pub const WGMMA_THREADS: u32 = 256;
+
+/// Pipeline depth of a `wgmma` `128 x bn` tile: as many 128-byte-K stages as fit in about
+/// 192 KB of shared memory (4 for 128 x 256, 6 for 128 x 128).
+pub const fn wgmma_stages(bn: u32) -> u32 {
+    (192 * 1024) / ((WGMMA_BM + bn) * MMA_BK_BYTES)
+}
+
+/// Dynamic shared memory of a `wgmma` `128 x bn` tile: all stages of both operands, plus
+/// 1 KB of slack to start them at a 1024-byte boundary (`wgmma`'s 128-byte swizzle
+/// pattern repeats from one).
+pub const fn wgmma_shared_bytes(bn: u32) -> u32 {
+    (WGMMA_BM + bn) * MMA_BK_BYTES * wgmma_stages(bn) + 1024
+}
+
 /// K per stage of the exact-f32 (FMA) kernels.
 pub const FMA_BK: u32 = 8;
 /// Threads of an FMA block: a 16 x 16 grid of register tiles.

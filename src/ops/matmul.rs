@@ -43,8 +43,8 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_threads, EpilogueParams, MatmulParams, OperandLayout,
-    OutputLayout, OutputType, FMA_THREADS,
+    fma_shared_bytes, mma_shared_bytes, mma_threads, wgmma_shared_bytes, EpilogueParams,
+    MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_THREADS, WGMMA_THREADS,
 };
 
 /// The arithmetic of a matmul (cuDNN's math type), always the caller's explicit choice.
@@ -70,9 +70,17 @@ impl MatmulMath {
     }
 }
 
-/// A matmul algorithm: the output tile one thread block computes.
+/// A matmul algorithm: the output tile one thread block computes, and on which
+/// instructions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatmulAlgo {
+    /// 128 x 256 on Hopper's `wgmma` (compute capability 9.0 only; f16/bf16 `TensorOp`;
+    /// operands K- or M/N-contiguous with 16-byte aligned strides): two warpgroups of
+    /// 64 x 256, 4 shared stages.
+    Wgmma128x256,
+    /// 128 x 128 on `wgmma` (as [`Self::Wgmma128x256`]): two warpgroups of 64 x 128, 6
+    /// stages.
+    Wgmma128x128,
     /// 128 x 256 (tensor cores, 16-bit inputs: 8 warps of 64 x 64, 3 stages; FMA: 8 x 16
     /// per thread). No tf32 kernel.
     Tile128x256,
@@ -83,21 +91,39 @@ pub enum MatmulAlgo {
 }
 
 impl MatmulAlgo {
-    /// Every algorithm, largest tile first.
-    pub const ALL: [MatmulAlgo; 3] = [Self::Tile128x256, Self::Tile128x128, Self::Tile64x64];
+    /// Every algorithm: the Hopper ones, then the others, each group largest tile first.
+    pub const ALL: [MatmulAlgo; 5] = [
+        Self::Wgmma128x256,
+        Self::Wgmma128x128,
+        Self::Tile128x256,
+        Self::Tile128x128,
+        Self::Tile64x64,
+    ];
 
     /// The output tile, rows x columns.
     pub fn tile(self) -> (usize, usize) {
         match self {
-            Self::Tile128x256 => (128, 256),
-            Self::Tile128x128 => (128, 128),
+            Self::Wgmma128x256 | Self::Tile128x256 => (128, 256),
+            Self::Wgmma128x128 | Self::Tile128x128 => (128, 128),
             Self::Tile64x64 => (64, 64),
         }
     }
 
-    /// Whether this algorithm has kernels for `math`.
+    /// Whether this algorithm has kernels for `math` (whether it runs a given problem on a
+    /// given device also depends on [`Self::needs_sm90a`] and, for those, the layouts).
     pub fn supports(self, math: MatmulMath) -> bool {
-        math != MatmulMath::Tf32 || self != Self::Tile128x256
+        match self {
+            Self::Wgmma128x256 | Self::Wgmma128x128 => math == MatmulMath::TensorOp,
+            Self::Tile128x256 => math != MatmulMath::Tf32,
+            _ => true,
+        }
+    }
+
+    /// Whether this algorithm runs Hopper-only (`sm_90a`) kernels: a GPU of compute
+    /// capability 9.0, operands that are K- or M/N-contiguous with 16-byte aligned
+    /// strides (others return [`Error::NotSupported`] saying why).
+    pub fn needs_sm90a(self) -> bool {
+        matches!(self, Self::Wgmma128x256 | Self::Wgmma128x128)
     }
 }
 
@@ -221,7 +247,7 @@ pub fn matmul(
         Backend::Gpu(gpu) => {
             let algo = match desc.algo {
                 Some(algo) => algo,
-                None => problem.heuristic(gpu.sm_count),
+                None => problem.heuristic(gpu.sm_count, gpu.is_sm90a()),
             };
             let ptrs = Pointers {
                 a: device_ptr(gpu, a)?,
@@ -241,9 +267,10 @@ pub fn matmul(
     }
 }
 
-/// The algorithm [`matmul`] picks for these descriptors when none is forced: the largest
-/// tile that still keeps most SMs busy (with several blocks each when K is short), else the
-/// smallest (no launch, no timing).
+/// The algorithm [`matmul`] picks for these descriptors when none is forced: on a compute
+/// capability 9.0 GPU, a `wgmma` tile when the layouts allow one and K is not short;
+/// else the largest tile that still keeps most SMs busy (with several blocks each when K
+/// is short), else the smallest (no launch, no timing).
 pub fn get_matmul_algorithm(
     handle: &Handle,
     desc: &MatmulDescriptor,
@@ -259,16 +286,16 @@ pub fn get_matmul_algorithm(
         c_desc,
         &MatmulEpilogue::default(),
     )?;
-    let sms = match &handle.backend {
-        Backend::Gpu(gpu) => gpu.sm_count,
-        Backend::Cpu => 132,
+    let (sms, sm90a) = match &handle.backend {
+        Backend::Gpu(gpu) => (gpu.sm_count, gpu.is_sm90a()),
+        Backend::Cpu => (132, false),
     };
-    Ok(problem.heuristic(sms))
+    Ok(problem.heuristic(sms, sm90a))
 }
 
-/// Times every algorithm that supports `desc`'s math on the caller's buffers (as
-/// cudnnFind does: one warm-up, then the median of `runs` timed calls each) and returns them
-/// fastest first. `c` holds an unspecified result afterwards (each trial writes it).
+/// Times every algorithm that can run this problem on this device (as cudnnFind does: one
+/// warm-up, then the median of `runs` timed calls each) and returns them fastest first.
+/// `c` holds an unspecified result afterwards (each trial writes it).
 #[allow(clippy::too_many_arguments)]
 pub fn find_matmul_algorithm(
     handle: &Handle,
@@ -288,10 +315,11 @@ pub fn find_matmul_algorithm(
         Backend::Gpu(gpu) => gpu,
         Backend::Cpu => return Err(Error::unsupported("timing algorithms needs a GPU handle")),
     };
+    let problem = Problem::new(handle, desc, a_desc, b_desc, c_desc, epilogue)?;
     let mut ranked = Vec::new();
     for algo in MatmulAlgo::ALL
         .into_iter()
-        .filter(|a| a.supports(desc.math))
+        .filter(|&a| problem.check_algorithm(a, gpu.is_sm90a()).is_ok())
     {
         let forced = desc.with_algorithm(algo);
         let mut call = || {
@@ -501,14 +529,44 @@ impl Problem {
     /// 128x256's 128 blocks than on 128x128's 256, H100), or 8 blocks per SM when K < 256
     /// (short K makes the epilogue's stores the main cost, and small tiles spread them
     /// wider); else the smallest.
-    fn heuristic(&self, sm_count: u32) -> MatmulAlgo {
+    ///
+    /// On sm_90a the `wgmma` tiles come first, by the same rule, when K >= 256 (below, the
+    /// epilogue dominates and the small sm_80 tiles spread it wider).
+    fn heuristic(&self, sm_count: u32, sm90a: bool) -> MatmulAlgo {
         let per_sm = if self.k < 256 { 8 } else { 1 };
         let wanted = (3 * per_sm * sm_count as usize).div_ceil(4);
         MatmulAlgo::ALL
             .into_iter()
-            .filter(|a| a.supports(self.math))
+            .filter(|&a| self.check_algorithm(a, sm90a).is_ok())
+            .filter(|a| !a.needs_sm90a() || self.k >= 256)
             .find(|&a| self.tiles(a) >= wanted)
             .unwrap_or(MatmulAlgo::Tile64x64)
+    }
+
+    /// Whether `algo` runs this problem on a device with (`sm90a`) or without the Hopper
+    /// kernels; if not, why.
+    fn check_algorithm(&self, algo: MatmulAlgo, sm90a: bool) -> Result<()> {
+        if !algo.supports(self.math) {
+            return Err(Error::unsupported(format!(
+                "algorithm {algo:?} does not support math {:?}",
+                self.math
+            )));
+        }
+        if algo.needs_sm90a() {
+            if !sm90a {
+                return Err(Error::unsupported(format!(
+                    "algorithm {algo:?} runs sm_90a wgmma kernels: it needs a GPU of compute capability 9.0"
+                )));
+            }
+            if self.copy_mode(&self.a, self.m).is_none()
+                || self.copy_mode(&self.b, self.n).is_none()
+            {
+                return Err(Error::unsupported(format!(
+                    "algorithm {algo:?} needs each operand K- or M/N-contiguous with 16-byte aligned strides and batch stride; the sm_80 algorithms take any layout"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The same product transposed: `D^T = op(B)^T op(A)^T`, so that a column-major `C`
@@ -549,6 +607,14 @@ impl Problem {
     fn kernel(&self, algo: MatmulAlgo) -> Result<&'static str> {
         let (bm, bn) = algo.tile();
         let name = match self.math {
+            _ if algo.needs_sm90a() => {
+                let (la, lb) = (
+                    self.copy_mode(&self.a, self.m),
+                    self.copy_mode(&self.b, self.n),
+                );
+                let modes: String = la.into_iter().chain(lb).collect();
+                format!("wgmma_matmul_{bm}x{bn}_{modes}_{}", self.input.name())
+            }
             MatmulMath::Fma => format!("matmul_fma_{bm}x{bn}_f32"),
             MatmulMath::Tf32 | MatmulMath::TensorOp => {
                 let dtype = match self.math {
@@ -582,12 +648,7 @@ impl Problem {
         ep: &MatmulEpilogue,
         ptrs: &Pointers,
     ) -> Result<()> {
-        if !algo.supports(self.math) {
-            return Err(Error::unsupported(format!(
-                "algorithm {algo:?} does not support math {:?}",
-                self.math
-            )));
-        }
+        self.check_algorithm(algo, gpu.is_sm90a())?;
         let mut bias_mode = ep.bias.map_or(BiasMode::None, |b| b.mode);
         let mut p = self.clone();
         let (mut a, mut b) = (ptrs.a, ptrs.b);
@@ -652,6 +713,7 @@ impl Problem {
     fn threads(&self, algo: MatmulAlgo) -> u32 {
         let (bm, bn) = algo.tile();
         match self.math {
+            _ if algo.needs_sm90a() => WGMMA_THREADS,
             MatmulMath::Fma => FMA_THREADS,
             _ => mma_threads(bm as u32, bn as u32),
         }
@@ -660,6 +722,7 @@ impl Problem {
     fn shared_bytes(&self, algo: MatmulAlgo) -> u32 {
         let (bm, bn) = algo.tile();
         match self.math {
+            _ if algo.needs_sm90a() => wgmma_shared_bytes(bn as u32),
             MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
             _ => mma_shared_bytes(bm as u32, bn as u32),
         }

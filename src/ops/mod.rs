@@ -4,11 +4,17 @@
 
 pub mod activation;
 pub mod batch_norm;
+pub mod dropout;
+pub mod layer_norm;
+pub mod lrn;
 pub mod matmul;
+pub mod pooling;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 pub(crate) mod layout;
+pub(crate) mod rows;
 
 use crate::buffer::{Buffer, Memory};
 use crate::descriptor::TensorDescriptor;

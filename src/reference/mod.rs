@@ -4,8 +4,13 @@
 
 pub mod activation;
 pub mod batch_norm;
+pub mod dropout;
+pub mod layer_norm;
+pub mod lrn;
 pub mod matmul;
+pub mod pooling;
 pub mod reduce;
+pub mod softmax;
 pub mod tensor_ops;
 
 use crate::host_tensor::HostTensor;

@@ -1,0 +1,244 @@
+//! Hopper-only (`sm_90a`) instructions: warpgroup matrix multiply-accumulate (`wgmma`) on
+//! shared-memory operands, its fences and groups, and the async-proxy fence that orders
+//! ordinary shared-memory writes before the tensor cores read them.
+//!
+//! Compiled only into the `sm90a` kernel build (the kernels crate's `sm90a` feature); the
+//! PTX it emits assembles for `sm_90a` alone.
+//!
+//! A warpgroup is 4 consecutive warps starting at a warp index divisible by 4. `wgmma` is
+//! issued by all 128 of its threads together; it reads A (`64 x 16`) and B (`N x 16`) from
+//! shared memory through [`SmemDescriptor`]s and adds into f32 accumulators that stay in
+//! registers, spread over the warpgroup as [`Accumulators`] says. It runs asynchronously:
+//! the registers may be touched again only after [`wgmma_wait`] retires its group.
+
+use core::arch::asm;
+
+/// `fence.proxy.async.shared::cta`: this thread's earlier writes to shared memory (ordinary
+/// stores, completed `cp.async`s) become visible to the async proxy, which `wgmma` reads
+/// through. Each writing thread runs it before the barrier that hands the data over.
+#[inline(always)]
+pub fn fence_proxy_async_shared() {
+    // SAFETY: a memory-ordering fence; no operands.
+    unsafe {
+        asm!(
+            "fence.proxy.async.shared::cta;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// `wgmma.fence`: orders this warpgroup's earlier register accesses (to accumulators and
+/// to nothing else) before the `wgmma`s that follow. Needed before the first `wgmma` of a
+/// batch and whenever the accumulators were touched since the last one.
+#[inline(always)]
+pub fn wgmma_fence() {
+    // SAFETY: warpgroup-wide ordering instruction, run by the whole converged warpgroup.
+    unsafe {
+        asm!(
+            "wgmma.fence.sync.aligned;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// `wgmma.commit_group`: closes the group of this warpgroup's `wgmma`s issued since the
+/// last commit.
+#[inline(always)]
+pub fn wgmma_commit_group() {
+    // SAFETY: bookkeeping of this warpgroup's own asynchronous operations.
+    unsafe {
+        asm!(
+            "wgmma.commit_group.sync.aligned;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// `wgmma.wait_group PENDING`: waits until at most `PENDING` (0 to 3) of this warpgroup's
+/// committed groups are in flight. Follow it with [`Accumulators::fence_operands`] before
+/// reading the accumulators, so that the compiler cannot move the reads above the wait.
+#[inline(always)]
+pub fn wgmma_wait<const PENDING: u32>() {
+    // SAFETY: waits on this warpgroup's own operations; touches no memory.
+    unsafe {
+        match PENDING {
+            0 => asm!(
+                "wgmma.wait_group.sync.aligned 0;",
+                options(nostack, preserves_flags)
+            ),
+            1 => asm!(
+                "wgmma.wait_group.sync.aligned 1;",
+                options(nostack, preserves_flags)
+            ),
+            2 => asm!(
+                "wgmma.wait_group.sync.aligned 2;",
+                options(nostack, preserves_flags)
+            ),
+            _ => asm!(
+                "wgmma.wait_group.sync.aligned 3;",
+                options(nostack, preserves_flags)
+            ),
+        }
+    }
+}
+
+/// A `wgmma` shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start
+/// address, leading- and stride-dimension byte offsets, base offset 0, swizzle mode.
+#[derive(Clone, Copy)]
+pub struct SmemDescriptor(pub u64);
+
+impl SmemDescriptor {
+    /// A matrix in shared memory laid out in 128-byte-swizzled atoms (8 rows of 128 bytes,
+    /// 16-byte chunk `c` of row `r` stored at chunk `c ^ r`), starting at shared address
+    /// `start`, whose atom pattern repeats from a 1024-byte boundary.
+    ///
+    /// * K-major (rows run along K): `stride` = bytes from one 8-row group of M/N to the
+    ///   next; `leading` is unused (pass 16).
+    /// * MN-major (rows run along M/N, 64 16-bit elements each): `leading` = bytes from one
+    ///   64-element block of M/N to the next, `stride` = bytes from one 8-row group of K to
+    ///   the next.
+    #[inline(always)]
+    pub const fn sw128(start: u32, leading: u32, stride: u32) -> Self {
+        const fn encode(x: u32) -> u64 {
+            ((x & 0x3_FFFF) >> 4) as u64
+        }
+        /// Swizzle mode 1 in bits 62-63: 128-byte swizzle.
+        const SWIZZLE_128B: u64 = 1 << 62;
+        Self(encode(start) | encode(leading) << 16 | encode(stride) << 32 | SWIZZLE_128B)
+    }
+
+    /// The same matrix `bytes` further on (a multiple of 16, within the same swizzle
+    /// atoms' rows for K-major steps: the hardware applies the swizzle to the full address).
+    #[inline(always)]
+    pub const fn offset(self, bytes: u32) -> Self {
+        Self(self.0 + (bytes >> 4) as u64)
+    }
+}
+
+/// 16-bit input types `wgmma` multiplies with f32 accumulation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum WgmmaInput {
+    F16,
+    Bf16,
+}
+
+/// One thread's share of a warpgroup's `64 x N` f32 accumulator tile, as `N / 8` blocks of
+/// 4: block `j` of lane `l` of warp `w` (of the warpgroup) holds rows `16 w + l / 4` (items
+/// 0, 1) and `+ 8` (items 2, 3), columns `8 j + 2 (l % 4)` and `+ 1` (the `mma.sync`
+/// m16n8 accumulator layout, repeated along N).
+pub trait Accumulators {
+    /// N of the `wgmma.m64nNk16` this tile takes.
+    const N: u32;
+
+    /// `self += A x B^T` (or `=` when `!accumulate`) over one K step of 16: A is the
+    /// `64 x 16` matrix `a` describes, B the `N x 16` one `b` describes; `trans_a` /
+    /// `trans_b` say they are MN-major in shared memory (else K-major). The flags are
+    /// immediates of the instruction: pass constants (the choice folds after inlining).
+    ///
+    /// # Safety
+    /// Run by the whole converged warpgroup after [`wgmma_fence`]; the descriptors name
+    /// shared memory of the block that holds the operands (written and made visible to the
+    /// async proxy by [`fence_proxy_async_shared`] and a barrier) and that nothing writes
+    /// until a [`wgmma_wait`] retires this operation; `self` is neither read nor written
+    /// until then.
+    unsafe fn mma(
+        &mut self,
+        input: WgmmaInput,
+        trans: (bool, bool),
+        a: SmemDescriptor,
+        b: SmemDescriptor,
+        accumulate: bool,
+    );
+
+    /// A compiler-only fence on every register of `self` (it emits no instruction): reads
+    /// and writes of the accumulators stay on their side of it, and of the `wgmma_*`
+    /// instructions around it.
+    fn fence_operands(&mut self);
+}
+
+/// `"{0}, {1}, .."` for the listed operand positions.
+macro_rules! operand_list {
+    ($first:literal $($rest:literal)*) => {
+        concat!("{", stringify!($first), "}" $(, ", {", stringify!($rest), "}")*)
+    };
+}
+
+/// One `wgmma.mma_async` of an accumulator tile with registers at positions `$i`.
+macro_rules! wgmma_asm {
+    ($acc:ident, $n:literal, $ty:literal, $ta:literal, $tb:literal, $a:ident, $b:ident, $sd:ident,
+     [$($i:literal)*]) => {
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "setp.ne.b32 p, {sd}, 0;",
+            concat!(
+                "wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", $ty, ".", $ty, " {{",
+                operand_list!($($i)*),
+                "}}, {da}, {db}, p, 1, 1, ", $ta, ", ", $tb, ";"
+            ),
+            "}}",
+            $(inout(reg32) $acc[$i / 4][$i % 4],)*
+            da = in(reg64) $a.0,
+            db = in(reg64) $b.0,
+            sd = in(reg32) $sd,
+            options(nostack, preserves_flags),
+        )
+    };
+}
+
+/// Implements [`Accumulators`] for the `[[f32; 4]; N / 8]` tile of `wgmma.m64nNk16`, whose
+/// `N / 2` registers are at positions `$i`.
+macro_rules! accumulators {
+    ($n:literal, [$($i:literal)*]) => {
+        impl Accumulators for [[f32; 4]; $n / 8] {
+            const N: u32 = $n;
+
+            #[inline(always)]
+            unsafe fn mma(
+                &mut self,
+                input: WgmmaInput,
+                (trans_a, trans_b): (bool, bool),
+                a: SmemDescriptor,
+                b: SmemDescriptor,
+                accumulate: bool,
+            ) {
+                let scale_d = accumulate as u32;
+                match (input, trans_a, trans_b) {
+                    (WgmmaInput::F16, false, false) => wgmma_asm!(self, $n, "f16", "0", "0", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::F16, false, true) => wgmma_asm!(self, $n, "f16", "0", "1", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::F16, true, false) => wgmma_asm!(self, $n, "f16", "1", "0", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::F16, true, true) => wgmma_asm!(self, $n, "f16", "1", "1", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::Bf16, false, false) => wgmma_asm!(self, $n, "bf16", "0", "0", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::Bf16, false, true) => wgmma_asm!(self, $n, "bf16", "0", "1", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::Bf16, true, false) => wgmma_asm!(self, $n, "bf16", "1", "0", a, b, scale_d, [$($i)*]),
+                    (WgmmaInput::Bf16, true, true) => wgmma_asm!(self, $n, "bf16", "1", "1", a, b, scale_d, [$($i)*]),
+                }
+            }
+
+            #[inline(always)]
+            fn fence_operands(&mut self) {
+                // SAFETY: an empty instruction stream (a PTX comment naming the registers).
+                unsafe {
+                    asm!(
+                        concat!("// wgmma accumulators ", operand_list!($($i)*)),
+                        $(inout(reg32) self[$i / 4][$i % 4],)*
+                        options(nostack, preserves_flags),
+                    )
+                }
+            }
+        }
+    };
+}
+
+accumulators!(
+    128,
+    [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+     32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63]
+);
+accumulators!(
+    256,
+    [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+     32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63
+     64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95
+     96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]
+);

@@ -1,0 +1,703 @@
+//! Layer normalization and RMS normalization over the trailing dims, forward and backward.
+//! One body serves both: `p.rms != 0` drops the mean (`xhat = x * rstd`).
+//!
+//! Entry points (the row engine of [`crate::rows`]; `V` slots per thread):
+//! - `layer_norm_{fwd,bwd}_vec<V>_<dtype>`: rows dense in every operand, 16-byte vectors,
+//!   the row held in registers (x read once, two-pass statistics over registers);
+//! - `layer_norm_{fwd,bwd}_map<V>_<dtype>`: any strides, elements through `p.inner`;
+//! - `layer_norm_{fwd,bwd}_long_{vec,map}_<dtype>`: rows too long for registers, streamed
+//!   in chunks (forward: Chan-combined mean/variance, then a normalising pass);
+//! - `layer_norm_bwd_weights_<weight type>`: sums the backward's per-slot scale/bias
+//!   gradient partials in a fixed order (deterministic; no float atomics).
+//!
+//! Statistics and arithmetic are f32 for every storage type.
+
+use crate::device::{block_idx_x, lane_id, shfl_xor_f32, sqrt, sync_threads, warp_id};
+use crate::element::Element;
+use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Inner};
+use oxidnn_params::{
+    IndexMap, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS,
+    NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_SCALE, NORM_WRITE_STATS, STREAM_SLOTS,
+};
+
+/// Count, mean and sum of squared deviations of some elements (Chan et al.'s parallel
+/// variance: partial results combine without cancellation).
+type Moments = [f32; 3];
+
+#[inline(always)]
+fn combine(a: Moments, b: Moments) -> Moments {
+    let n = a[0] + b[0];
+    if b[0] == 0.0 {
+        return a;
+    }
+    if a[0] == 0.0 {
+        return b;
+    }
+    let delta = b[1] - a[1];
+    let wb = b[0] / n;
+    [
+        n,
+        a[1] + delta * wb,
+        a[2] + b[2] + delta * delta * a[0] * wb,
+    ]
+}
+
+#[inline(always)]
+fn shfl_moments(v: Moments, mask: u32) -> Moments {
+    [
+        shfl_xor_f32(v[0], mask),
+        shfl_xor_f32(v[1], mask),
+        shfl_xor_f32(v[2], mask),
+    ]
+}
+
+/// `1 / sqrt(v + epsilon)`, correctly rounded steps.
+#[inline(always)]
+fn rstd_of(v: f32, epsilon: f32) -> f32 {
+    1.0 / sqrt(v + epsilon)
+}
+
+/// `((x - shift) - centre) * rstd * scale + bias` for `K` elements whose parameters are at
+/// `at` (`[_, _, scale, bias]` offsets); `shift + centre` is the row's mean (0 for RMS).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn normalize<T: Element, const K: usize>(
+    flags: u32,
+    v: [f32; K],
+    shift: f32,
+    centre: f32,
+    rstd: f32,
+    scale: *const u8,
+    bias: *const u8,
+    at: [u64; 4],
+) -> [f32; K] {
+    let f32w = flags & NORM_F32_WEIGHTS != 0;
+    let gamma = if flags & NORM_SCALE != 0 {
+        rows::load_params::<T, K>(scale, at[2], f32w)
+    } else {
+        [1.0; K]
+    };
+    let beta = if flags & NORM_BIAS != 0 {
+        rows::load_params::<T, K>(bias, at[3], f32w)
+    } else {
+        [0.0; K]
+    };
+    let mut out = [0.0f32; K];
+    for k in 0..K {
+        out[k] = ((v[k] - shift) - centre) * rstd * gamma[k] + beta[k];
+    }
+    out
+}
+
+/// The value the row's elements are taken relative to while its statistics are summed:
+/// its first element (layer norm; 0 for RMS). Elements near it subtract exactly, so the
+/// sums of a row far from zero keep their precision (`1000 + small` rows).
+#[inline(always)]
+unsafe fn row_shift<T: Element, I: Inner<N>, const N: usize>(
+    rms: u32,
+    inner: I,
+    x: *const T,
+    base: u64,
+) -> f32 {
+    if rms != 0 {
+        0.0
+    } else {
+        T::load(x.add((base + inner.at(0)[0]) as usize))
+    }
+}
+
+/// Writes a row's statistics (rank 0 of the group only).
+#[inline(always)]
+unsafe fn write_stats(
+    g: &Group,
+    p: &LayerNormFwdParams,
+    at: u64,
+    mean: f32,
+    rstd: f32,
+    mean_out: *mut f32,
+    rstd_out: *mut f32,
+) {
+    if g.rank == 0 && p.flags & NORM_WRITE_STATS != 0 {
+        if p.rms == 0 {
+            *mean_out.add(at as usize) = mean;
+        }
+        *rstd_out.add(at as usize) = rstd;
+    }
+}
+
+/// The forward pass with each row in registers (one chunk).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usize>(
+    p: &LayerNormFwdParams,
+    inner: I,
+    x: *const T,
+    y: *mut T,
+    scale: *const u8,
+    bias: *const u8,
+    mean_out: *mut f32,
+    rstd_out: *mut f32,
+) {
+    let g = Group::new(p.warps);
+    let d = p.row_len;
+    g.rows(p.rows, |row| {
+        let [xb, yb, sb] = p.outer.offsets(row);
+        let shift = row_shift(p.rms, inner, x, xb);
+        let mut v = [[0.0f32; K]; V];
+        crate::unrolled!(j in V => {
+            let e = g.first::<K, V>(0, j);
+            if e < d {
+                v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
+                for k in 0..K {
+                    v[j][k] -= shift;
+                }
+            }
+        });
+        // Two passes over the registers: the mean, then squared deviations from it.
+        let centre = if p.rms != 0 {
+            0.0
+        } else {
+            let mut s = 0.0f32;
+            crate::unrolled!(j in V => {
+                for k in 0..K {
+                    s += v[j][k];
+                }
+            });
+            g.sum(s) / d as f32
+        };
+        let mut s2 = 0.0f32;
+        crate::unrolled!(j in V => {
+            if g.first::<K, V>(0, j) < d {
+                for k in 0..K {
+                    let t = v[j][k] - centre;
+                    s2 += t * t;
+                }
+            }
+        });
+        let rstd = rstd_of(g.sum(s2) / d as f32, p.epsilon);
+        write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
+        crate::unrolled!(j in V => {
+            let e = g.first::<K, V>(0, j);
+            if e < d {
+                let at = inner.at(e);
+                let out = normalize::<T, K>(p.flags, v[j], 0.0, centre, rstd, scale, bias, at);
+                rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
+            }
+        });
+    });
+}
+
+/// The forward pass for rows longer than a group's registers: chunk by chunk, the
+/// moments of each thread's elements (Chan-combined), reduced over the group; then a
+/// second pass normalises.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
+    p: &LayerNormFwdParams,
+    inner: I,
+    x: *const T,
+    y: *mut T,
+    scale: *const u8,
+    bias: *const u8,
+    mean_out: *mut f32,
+    rstd_out: *mut f32,
+) {
+    const V: usize = STREAM_SLOTS as usize;
+    let g = Group::new(p.warps);
+    let d = p.row_len;
+    g.rows(p.rows, |row| {
+        let [xb, yb, sb] = p.outer.offsets(row);
+        let shift = row_shift(p.rms, inner, x, xb);
+        let mut acc: Moments = [0.0; 3];
+        for c in 0..p.chunks {
+            let mut v = [[0.0f32; K]; V];
+            let mut n = 0u32;
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(c, j);
+                if e < d {
+                    v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
+                    for k in 0..K {
+                        v[j][k] -= shift;
+                    }
+                    n += K as u32;
+                }
+            });
+            if n > 0 {
+                let mut s = 0.0f32;
+                crate::unrolled!(j in V => {
+                    for k in 0..K {
+                        s += v[j][k];
+                    }
+                });
+                let m = s / n as f32;
+                let mut m2 = 0.0f32;
+                crate::unrolled!(j in V => {
+                    if g.first::<K, V>(c, j) < d {
+                        for k in 0..K {
+                            let t = v[j][k] - m;
+                            m2 += t * t;
+                        }
+                    }
+                });
+                acc = combine(acc, [n as f32, m, m2]);
+            }
+        }
+        let total = g.reduce(acc, [0.0; 3], combine, shfl_moments);
+        let var = total[2] / d as f32;
+        let (centre, rstd) = if p.rms != 0 {
+            // E[x^2] = var + mean^2: two non-negative terms, no cancellation.
+            (0.0, rstd_of(var + total[1] * total[1], p.epsilon))
+        } else {
+            (total[1], rstd_of(var, p.epsilon))
+        };
+        write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
+        for c in 0..p.chunks {
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(c, j);
+                if e < d {
+                    let at = inner.at(e);
+                    let v = rows::load::<T, K>(x.add((xb + at[0]) as usize));
+                    let out = normalize::<T, K>(p.flags, v, shift, centre, rstd, scale, bias, at);
+                    rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
+                }
+            });
+        }
+    });
+}
+
+/// One row's backward through its slots: loads x and dy, returns `xhat` and `g = dy *
+/// gamma` in place of them, and adds `dy * xhat` and `dy` to the weight-gradient sums.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_slot<T: Element, I: Inner<4>, const K: usize>(
+    p: &LayerNormBwdParams,
+    inner: I,
+    e: u32,
+    bases: [u64; 2],
+    x: *const T,
+    dy: *const T,
+    scale: *const u8,
+    mean: f32,
+    rstd: f32,
+    xhat: &mut [f32; K],
+    gdy: &mut [f32; K],
+    sums: &mut [f32; 2],
+    dgamma: &mut [f32; K],
+    dbeta: &mut [f32; K],
+) {
+    let at = inner.at(e);
+    let xv = rows::load::<T, K>(x.add((bases[0] + at[0]) as usize));
+    let dyv = rows::load::<T, K>(dy.add((bases[1] + at[1]) as usize));
+    let gamma = if p.flags & NORM_SCALE != 0 {
+        rows::load_params::<T, K>(scale, at[3], p.flags & NORM_F32_WEIGHTS != 0)
+    } else {
+        [1.0; K]
+    };
+    for k in 0..K {
+        let xh = (xv[k] - mean) * rstd;
+        let gd = dyv[k] * gamma[k];
+        xhat[k] = xh;
+        gdy[k] = gd;
+        sums[0] += gd;
+        sums[1] += gd * xh;
+        dgamma[k] += dyv[k] * xh;
+        dbeta[k] += dyv[k];
+    }
+}
+
+/// `dx` of `K` elements from `xhat`, `g = dy * gamma` and the row means `mean(g)` and
+/// `mean(g * xhat)`.
+#[inline(always)]
+fn dx_of<const K: usize>(xhat: [f32; K], gdy: [f32; K], means: [f32; 2], rstd: f32) -> [f32; K] {
+    let mut out = [0.0f32; K];
+    for k in 0..K {
+        out[k] = rstd * (gdy[k] - means[0] - xhat[k] * means[1]);
+    }
+    out
+}
+
+/// The row's saved statistics and the means of `g` and `g * xhat` from their sums.
+#[inline(always)]
+unsafe fn saved_stats(
+    p: &LayerNormBwdParams,
+    at: u64,
+    mean_in: *const f32,
+    rstd_in: *const f32,
+) -> (f32, f32) {
+    let mean = if p.rms != 0 {
+        0.0
+    } else {
+        *mean_in.add(at as usize)
+    };
+    (mean, *rstd_in.add(at as usize))
+}
+
+#[inline(always)]
+fn row_means(p: &LayerNormBwdParams, sums: [f32; 2]) -> [f32; 2] {
+    let d = p.row_len as f32;
+    [if p.rms != 0 { 0.0 } else { sums[0] / d }, sums[1] / d]
+}
+
+/// The backward pass with each row in registers. Each thread keeps the weight-gradient
+/// sums of its own elements over all rows of its group; at the end the groups of a block
+/// add theirs in shared memory in a fixed order and the block writes its slot.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usize>(
+    p: &LayerNormBwdParams,
+    inner: I,
+    x: *const T,
+    dy: *const T,
+    dx: *mut T,
+    scale: *const u8,
+    mean_in: *const f32,
+    rstd_in: *const f32,
+    partials: *mut f32,
+) {
+    let g = Group::new(p.warps);
+    let d = p.row_len;
+    let mut dgamma = [[0.0f32; K]; V];
+    let mut dbeta = [[0.0f32; K]; V];
+    g.rows(p.rows, |row| {
+        let [xb, dyb, dxb, sb] = p.outer.offsets(row);
+        let (mean, rstd) = saved_stats(p, sb, mean_in, rstd_in);
+        let mut xhat = [[0.0f32; K]; V];
+        let mut gdy = [[0.0f32; K]; V];
+        let mut sums = [0.0f32; 2];
+        crate::unrolled!(j in V => {
+            let e = g.first::<K, V>(0, j);
+            if e < d {
+                bwd_slot::<T, I, K>(
+                    p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
+                    &mut xhat[j], &mut gdy[j], &mut sums, &mut dgamma[j], &mut dbeta[j],
+                );
+            }
+        });
+        let means = row_means(
+            p,
+            g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair),
+        );
+        crate::unrolled!(j in V => {
+            let e = g.first::<K, V>(0, j);
+            if e < d {
+                let out = dx_of::<K>(xhat[j], gdy[j], means, rstd);
+                rows::store::<T, K>(dx.add((dxb + inner.at(e)[2]) as usize), out);
+            }
+        });
+    });
+    if p.flags & (NORM_DSCALE | NORM_DBIAS) == 0 {
+        return;
+    }
+    let slot = block_idx_x() as usize;
+    let (dg_out, db_out) = (
+        partials.add(slot * d as usize),
+        partials.add((p.slots as usize + slot) * d as usize),
+    );
+    // The block's groups add their sums into its slot in turn (group 0 stores): a fixed
+    // order, and the block barrier orders each turn's global writes before the next's reads.
+    for turn in 0..g.per_block {
+        if g.in_block == turn {
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(0, j);
+                if e < d {
+                    for k in 0..K {
+                        let i = e as usize + k;
+                        let (og, ob) = if turn == 0 {
+                            (0.0, 0.0)
+                        } else {
+                            (*dg_out.add(i), *db_out.add(i))
+                        };
+                        *dg_out.add(i) = og + dgamma[j][k];
+                        *db_out.add(i) = ob + dbeta[j][k];
+                    }
+                }
+            });
+        }
+        if g.per_block > 1 {
+            sync_threads();
+        }
+    }
+}
+
+/// The backward pass for long rows: the two row sums chunk by chunk, then `dx` and the
+/// group's weight-gradient partials (its own workspace slot, read-modify-written by the
+/// thread that owns each element).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
+    p: &LayerNormBwdParams,
+    inner: I,
+    x: *const T,
+    dy: *const T,
+    dx: *mut T,
+    scale: *const u8,
+    mean_in: *const f32,
+    rstd_in: *const f32,
+    partials: *mut f32,
+) {
+    const V: usize = STREAM_SLOTS as usize;
+    let g = Group::new(p.warps);
+    let d = p.row_len;
+    let weight_grads = p.flags & (NORM_DSCALE | NORM_DBIAS) != 0;
+    let slot = g.index as usize;
+    let (dg_out, db_out) = (
+        partials.add(slot * d as usize),
+        partials.add((p.slots as usize + slot) * d as usize),
+    );
+    g.rows(p.rows, |row| {
+        let [xb, dyb, dxb, sb] = p.outer.offsets(row);
+        let (mean, rstd) = saved_stats(p, sb, mean_in, rstd_in);
+        let mut sums = [0.0f32; 2];
+        let (mut xhat, mut gdy, mut dg, mut db) = ([0.0f32; K], [0.0f32; K], [0.0f32; K], [0.0f32; K]);
+        for c in 0..p.chunks {
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(c, j);
+                if e < d {
+                    bwd_slot::<T, I, K>(
+                        p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
+                        &mut xhat, &mut gdy, &mut sums, &mut dg, &mut db,
+                    );
+                }
+            });
+        }
+        let means = row_means(p, g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair));
+        let first_row = row == g.index;
+        for c in 0..p.chunks {
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(c, j);
+                if e < d {
+                    let (mut xh, mut gd, mut dgv, mut dbv) = ([0.0f32; K], [0.0f32; K], [0.0f32; K], [0.0f32; K]);
+                    let mut unused = [0.0f32; 2];
+                    bwd_slot::<T, I, K>(
+                        p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
+                        &mut xh, &mut gd, &mut unused, &mut dgv, &mut dbv,
+                    );
+                    let out = dx_of::<K>(xh, gd, means, rstd);
+                    rows::store::<T, K>(dx.add((dxb + inner.at(e)[2]) as usize), out);
+                    if weight_grads {
+                        for k in 0..K {
+                            let i = e as usize + k;
+                            let (og, ob) = if first_row { (0.0, 0.0) } else { (*dg_out.add(i), *db_out.add(i)) };
+                            *dg_out.add(i) = og + dgv[k];
+                            *db_out.add(i) = ob + dbv[k];
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if weight_grads && g.index >= p.rows {
+        // A group without rows still owns its slot.
+        let mut i = g.rank;
+        while i < d {
+            *dg_out.add(i as usize) = 0.0;
+            *db_out.add(i as usize) = 0.0;
+            i += g.threads;
+        }
+    }
+}
+
+/// Sums the `p.slots` partials of each element in slot order: lane `l` of warp `w` adds
+/// slots `w, w + 32, ..` of element `32 * block + l`, then warp 0 adds the 32 warps' sums
+/// in order and writes.
+#[inline(always)]
+unsafe fn bwd_weights<W: Element>(
+    p: &LayerNormWeightsParams,
+    partials: *const f32,
+    dscale: *mut W,
+    dbias: *mut W,
+) {
+    let (lane, warp) = (lane_id(), warp_id());
+    let d = p.row_len as usize;
+    let e = block_idx_x() * 32 + lane;
+    let slots = p.slots as usize;
+    let mut sums = [[0.0f32; 2]; 4];
+    if (e as usize) < d {
+        let column = |s: usize| {
+            [
+                *partials.add(s * d + e as usize),
+                *partials.add((slots + s) * d + e as usize),
+            ]
+        };
+        let mut s = warp as usize;
+        while s + 96 < slots {
+            let v = [column(s), column(s + 32), column(s + 64), column(s + 96)];
+            for i in 0..4 {
+                sums[i][0] += v[i][0];
+                sums[i][1] += v[i][1];
+            }
+            s += 128;
+        }
+        while s < slots {
+            let v = column(s);
+            sums[0][0] += v[0];
+            sums[0][1] += v[1];
+            s += 32;
+        }
+    }
+    let total = [
+        (sums[0][0] + sums[1][0]) + (sums[2][0] + sums[3][0]),
+        (sums[0][1] + sums[1][1]) + (sums[2][1] + sums[3][1]),
+    ];
+    let smem = crate::shared_f32!(8448);
+    smem.store(warp * 33 + lane, total[0]);
+    smem.store(32 * 33 + warp * 33 + lane, total[1]);
+    sync_threads();
+    if warp == 0 && (e as usize) < d {
+        let (mut dg, mut db) = (0.0f32, 0.0f32);
+        for w in 0..32 {
+            dg += smem.load(w * 33 + lane);
+            db += smem.load(32 * 33 + w * 33 + lane);
+        }
+        let [off] = p.weights.offsets(e);
+        if p.flags & NORM_DSCALE != 0 {
+            W::store(dscale.add(off as usize), dg);
+        }
+        if p.flags & NORM_DBIAS != 0 {
+            W::store(dbias.add(off as usize), db);
+        }
+    }
+}
+
+/// Stamps the forward in-register entry points of one dtype for each slot count.
+macro_rules! fwd_vec_entry_points {
+    ($dt:ident, $T:ty, $($v:literal)*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// Pointers cover the tensors `p` describes; rows are dense in every operand,
+            /// 16-byte aligned, `row_len` a multiple of the vector.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_fwd_vec $v _ $dt>](
+                p: LayerNormFwdParams, x: *const $T, y: *mut $T, scale: *const u8,
+                bias: *const u8, mean: *mut f32, rstd: *mut f32,
+            ) {
+                fwd_in_registers::<$T, Dense, { vector_elements::<$T>() }, $v>(
+                    &p, Dense, x, y, scale, bias, mean, rstd,
+                )
+            }
+        )* }
+    };
+}
+
+/// Stamps the backward in-register entry points of one dtype for each slot count.
+macro_rules! bwd_vec_entry_points {
+    ($dt:ident, $T:ty, $($v:literal)*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// Pointers cover the tensors `p` describes; rows are dense in every operand,
+            /// 16-byte aligned, `row_len` a multiple of the vector; the workspace holds
+            /// `2 * slots * row_len` f32 when weight gradients are requested.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_bwd_vec $v _ $dt>](
+                p: LayerNormBwdParams, x: *const $T, dy: *const $T, dx: *mut $T,
+                scale: *const u8, mean: *const f32, rstd: *const f32, partials: *mut f32,
+            ) {
+                bwd_in_registers::<$T, Dense, { vector_elements::<$T>() }, $v>(
+                    &p, Dense, x, dy, dx, scale, mean, rstd, partials,
+                )
+            }
+        )* }
+    };
+}
+
+macro_rules! mapped_entry_points {
+    ($dt:ident, $T:ty, $($v:literal)*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// Pointers cover the tensors `p` describes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_fwd_map $v _ $dt>](
+                p: LayerNormFwdParams, x: *const $T, y: *mut $T, scale: *const u8,
+                bias: *const u8, mean: *mut f32, rstd: *mut f32,
+            ) {
+                fwd_in_registers::<$T, &IndexMap<4>, 1, $v>(
+                    &p, &p.inner, x, y, scale, bias, mean, rstd,
+                )
+            }
+            /// # Safety
+            /// As `layer_norm_bwd_vec*`, any strides.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_bwd_map $v _ $dt>](
+                p: LayerNormBwdParams, x: *const $T, dy: *const $T, dx: *mut $T,
+                scale: *const u8, mean: *const f32, rstd: *const f32, partials: *mut f32,
+            ) {
+                bwd_in_registers::<$T, &IndexMap<4>, 1, $v>(
+                    &p, &p.inner, x, dy, dx, scale, mean, rstd, partials,
+                )
+            }
+        )* }
+    };
+}
+
+/// The entry points of one dtype. Slot counts keep a thread's row values within the
+/// register budget the host plans with (`src/ops/rows.rs`): 32 values forward, 16 backward.
+macro_rules! layer_norm_entry_points {
+    (f32, $T:ty) => {
+        layer_norm_entry_points!(@all f32, $T, [1 2 4 8], [1 2 4]);
+    };
+    ($dt:ident, $T:ty) => {
+        layer_norm_entry_points!(@all $dt, $T, [1 2 4], [1 2]);
+    };
+    (@all $dt:ident, $T:ty, [$($fv:literal)*], [$($bv:literal)*]) => {
+        fwd_vec_entry_points!($dt, $T, $($fv)*);
+        bwd_vec_entry_points!($dt, $T, $($bv)*);
+        mapped_entry_points!($dt, $T, 4);
+        paste::paste! {
+            /// # Safety
+            /// As `layer_norm_fwd_vec*`; the row is streamed in `p.chunks` chunks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_fwd_long_vec_ $dt>](
+                p: LayerNormFwdParams, x: *const $T, y: *mut $T, scale: *const u8,
+                bias: *const u8, mean: *mut f32, rstd: *mut f32,
+            ) {
+                fwd_streamed::<$T, Dense, { vector_elements::<$T>() }>(
+                    &p, Dense, x, y, scale, bias, mean, rstd,
+                )
+            }
+            /// # Safety
+            /// As `layer_norm_fwd_map*`; the row is streamed in `p.chunks` chunks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_fwd_long_map_ $dt>](
+                p: LayerNormFwdParams, x: *const $T, y: *mut $T, scale: *const u8,
+                bias: *const u8, mean: *mut f32, rstd: *mut f32,
+            ) {
+                fwd_streamed::<$T, &IndexMap<4>, 1>(&p, &p.inner, x, y, scale, bias, mean, rstd)
+            }
+            /// # Safety
+            /// As `layer_norm_bwd_vec*`; the row is streamed in `p.chunks` chunks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_bwd_long_vec_ $dt>](
+                p: LayerNormBwdParams, x: *const $T, dy: *const $T, dx: *mut $T,
+                scale: *const u8, mean: *const f32, rstd: *const f32, partials: *mut f32,
+            ) {
+                bwd_streamed::<$T, Dense, { vector_elements::<$T>() }>(
+                    &p, Dense, x, dy, dx, scale, mean, rstd, partials,
+                )
+            }
+            /// # Safety
+            /// As `layer_norm_bwd_map*`; the row is streamed in `p.chunks` chunks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_bwd_long_map_ $dt>](
+                p: LayerNormBwdParams, x: *const $T, dy: *const $T, dx: *mut $T,
+                scale: *const u8, mean: *const f32, rstd: *const f32, partials: *mut f32,
+            ) {
+                bwd_streamed::<$T, &IndexMap<4>, 1>(
+                    &p, &p.inner, x, dy, dx, scale, mean, rstd, partials,
+                )
+            }
+            /// # Safety
+            /// `partials` holds what a `layer_norm_bwd_*` launch with the same `slots` and
+            /// `row_len` wrote (same stream); `dscale` / `dbias` cover the offsets of
+            /// `p.weights` when their flags are set. `NORM_FINALIZE_THREADS` threads per
+            /// block, one block per 32 elements.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<layer_norm_bwd_weights_ $dt>](
+                p: LayerNormWeightsParams, partials: *const f32, dscale: *mut $T, dbias: *mut $T,
+            ) {
+                bwd_weights::<$T>(&p, partials, dscale, dbias)
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(layer_norm_entry_points);

@@ -1,0 +1,962 @@
+//! Pooling forward and backward (cudnnPoolingForward / cudnnPoolingBackward semantics) over
+//! 1 to 3 spatial dims, any strides; see `oxidnn_params::pooling` for the geometry.
+//!
+//! Forward, `y = alpha * pool(x) + beta * y`:
+//! - `pooling_fwd_window_*`: a thread per output element; items counted channels-first
+//!   (consecutive threads on consecutive output w: NCHW) or channels-last (NHWC).
+//! - `pooling_fwd_window_vec_*`: channel-contiguous x and y: a thread per 16-byte vector of
+//!   channels of one output position.
+//! - `pooling_fwd_global_*`: windows covering the whole spatial extent: a group of lanes,
+//!   or a block, per `(n, c)`.
+//! - `pooling_fwd_global_vec_*`: global over channel-contiguous x: a block per image and
+//!   tile of channel vectors, spatial positions spread over its rows.
+//!
+//! Backward, `dx = alpha * grad + beta * dx`, deterministic: each dx element is written by
+//! one thread, which adds its windows' contributions in a fixed order (no atomics):
+//! - `pooling_bwd_gather_*` (and `_vec_`): a thread per dx element (or channel vector),
+//!   gathering over the windows that contain it.
+//! - `pooling_bwd_cell_*` (and `_vec_`): a thread per cell, the stride-sized block of dx
+//!   elements aligned to the window starts, visiting each window that overlaps it once.
+//! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
+//!   of cells: each window's winner found once, then gathered by the tile's dx elements.
+//!
+//! Max: the forward value is the window's maximum, NaN skipped or propagated as
+//! `propagate_nan` says; the backward sends a window's dy to the window's first element in
+//! scan order (d, then h, then w) that equals its y, NaN equal to NaN. Average: the sum
+//! times `1 / count` (count: the window's volume, or its in-bounds elements when padding
+//! is excluded), computed in f32 for every storage type.
+
+use crate::activation::blend;
+use crate::device::{
+    block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, grid_stride,
+    group_reduce, lane_id, ld_shared_u32, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
+    st_shared_u32, sync_threads, thread_idx_x,
+};
+use crate::element::Element;
+use oxidnn_params::{
+    PoolCoord, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
+    POOLING_MAX_CELL,
+};
+
+const _: () = assert!(
+    POOLING_MAX_CELL == 8,
+    "the unrolled cell loops below list 8 slots"
+);
+
+/// Channels per thread of `pooling_bwd_cell_vec_*`.
+const CELL_VECTOR: usize = oxidnn_params::POOLING_CELL_VECTOR;
+
+// ---------------------------------------------------------------------------------------
+// What a window computes
+// ---------------------------------------------------------------------------------------
+
+/// The reductions, as const-generic selectors: each gets its own loops.
+const MAX_IGNORE_NAN: u32 = 0;
+const MAX_PROPAGATE_NAN: u32 = 1;
+const AVG: u32 = 2;
+
+/// Evaluates `$body` with `$op` bound, as a constant, to the reduction the window
+/// parameters ask for.
+macro_rules! with_op {
+    ($kind:expr, $propagate_nan:expr, |$op:ident| $body:expr) => {
+        match (PoolingKind::from_u32($kind), $propagate_nan != 0) {
+            (PoolingKind::Max, false) => {
+                const $op: u32 = MAX_IGNORE_NAN;
+                $body
+            }
+            (PoolingKind::Max, true) => {
+                const $op: u32 = MAX_PROPAGATE_NAN;
+                $body
+            }
+            _ => {
+                const $op: u32 = AVG;
+                $body
+            }
+        }
+    };
+}
+
+/// Evaluates `$body` with `$k` bound to the elements of `$t` in 16 bytes.
+macro_rules! with_vector {
+    ($t:ty, |$k:ident| $body:expr) => {
+        if size_of::<$t>() == 4 {
+            const $k: usize = 4;
+            $body
+        } else {
+            const $k: usize = 8;
+            $body
+        }
+    };
+}
+
+#[inline(always)]
+fn identity<const OP: u32>() -> f32 {
+    if OP == AVG {
+        0.0
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
+#[inline(always)]
+fn combine<const OP: u32>(a: f32, b: f32) -> f32 {
+    match OP {
+        MAX_IGNORE_NAN => max_ignore_nan(a, b),
+        MAX_PROPAGATE_NAN => max_propagate_nan(a, b),
+        _ => a + b,
+    }
+}
+
+/// Whether `v` is the window's `y` (NaN equals NaN). Evaluated without branches.
+#[inline(always)]
+fn same_value(v: f32, y: f32) -> bool {
+    (v == y) | ((v != v) & (y != y))
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry
+// ---------------------------------------------------------------------------------------
+
+/// First input of window `o` along spatial dim `k` (negative: padding).
+#[inline(always)]
+fn window_start(w: &PoolWindow, k: usize, o: u32) -> i32 {
+    (o * w.stride[k]) as i32 - w.pad[k] as i32
+}
+
+/// The in-bounds inputs `lo..hi` of window `o` along spatial dim `k`.
+#[inline(always)]
+fn span(w: &PoolWindow, k: usize, o: u32) -> (u32, u32) {
+    let start = window_start(w, k, o);
+    let end = start + w.window[k] as i32;
+    let lo = if start < 0 { 0 } else { start as u32 };
+    let hi = if end > w.input[k] as i32 {
+        w.input[k]
+    } else {
+        end as u32
+    };
+    (lo, hi)
+}
+
+/// `1 / count` of the average over window `o`.
+#[inline(always)]
+fn inverse_count(w: &PoolWindow, o: [u32; 3]) -> f32 {
+    if PoolingKind::from_u32(w.kind) != PoolingKind::AvgExcludePadding {
+        return w.inv_volume;
+    }
+    let (d0, d1) = span(w, 0, o[0]);
+    let (h0, h1) = span(w, 1, o[1]);
+    let (w0, w1) = span(w, 2, o[2]);
+    let count = (d1 - d0) * (h1 - h0) * (w1 - w0);
+    if count == w.window[0] * w.window[1] * w.window[2] {
+        w.inv_volume
+    } else {
+        1.0 / count as f32
+    }
+}
+
+/// Offset of spatial position `s` from a `(n, c)` base.
+#[inline(always)]
+fn spatial_offset(strides: &[u32; 5], s: [u32; 3]) -> u32 {
+    s[0] * strides[2] + s[1] * strides[3] + s[2] * strides[4]
+}
+
+/// Offset of the `(n, c)` row, `c` counted in elements.
+#[inline(always)]
+fn row_offset(strides: &[u32; 5], n: u32, c: u32) -> u32 {
+    n * strides[0] + c * strides[1]
+}
+
+// ---------------------------------------------------------------------------------------
+// K consecutive channels: one element (K = 1, any alignment) or a 16-byte vector
+// ---------------------------------------------------------------------------------------
+
+/// Loads `K` elements from memory no thread of the launch writes.
+///
+/// # Safety
+/// Readable; 16-byte aligned when `K > 1`.
+#[inline(always)]
+unsafe fn load<T: Element, const K: usize>(p: *const T) -> [f32; K] {
+    if K == 1 {
+        [T::load(p); K]
+    } else {
+        T::unpack::<K>(T::load_raw::<K>(p, true))
+    }
+}
+
+/// Loads `K` elements of the output (coherent path).
+///
+/// # Safety
+/// As [`load`].
+#[inline(always)]
+unsafe fn load_output<T: Element, const K: usize>(p: *const T) -> [f32; K] {
+    if K == 1 {
+        [T::load(p); K]
+    } else {
+        T::unpack::<K>(T::load_raw::<K>(p, false))
+    }
+}
+
+/// Stores `K` elements.
+///
+/// # Safety
+/// Writable; 16-byte aligned when `K > 1`.
+#[inline(always)]
+unsafe fn store<T: Element, const K: usize>(p: *mut T, v: [f32; K]) {
+    if K == 1 {
+        T::store(p, v[0])
+    } else {
+        T::store_vec::<K>(p, v)
+    }
+}
+
+/// Writes `alpha * v + beta * old` at `p`, reading `old` only when `beta != 0`.
+///
+/// # Safety
+/// As [`store`]; no other thread of the launch accesses these elements.
+#[inline(always)]
+unsafe fn store_blended<T: Element, const K: usize>(w: &PoolWindow, p: *mut T, v: [f32; K]) {
+    let old = if w.beta != 0.0 {
+        load_output::<T, K>(p)
+    } else {
+        [0.0; K]
+    };
+    let mut out = [0.0f32; K];
+    for k in 0..K {
+        out[k] = blend(w.alpha, v[k], w.beta, || old[k]);
+    }
+    store::<T, K>(p, out);
+}
+
+/// Calls `f(values, index, valid)` for the in-bounds elements of window `o` in scan order,
+/// `index` being the element's linear spatial index `(d * H + h) * W + w` (which grows in
+/// scan order), a row at a time in chunks of four elements (two vectors): the chunk's
+/// loads are issued together and unconditionally (past the row's end they re-read its last
+/// element), so the code has no branches per element and each thread several loads in
+/// flight. Calls for the positions past the row's end have `valid == false` and values
+/// `fill`.
+///
+/// # Safety
+/// Every in-bounds element at `x + base + spatial_offset(strides, ..)` is readable.
+#[inline(always)]
+unsafe fn scan_window<T: Element, const K: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    fill: f32,
+    mut f: impl FnMut([f32; K], u32, bool),
+) {
+    let (d0, d1) = span(w, 0, o[0]);
+    let (h0, h1) = span(w, 1, o[1]);
+    let (w0, w1) = span(w, 2, o[2]);
+    let chunk = if K == 1 { 4 } else { 2 };
+    for d in d0..d1 {
+        for h in h0..h1 {
+            let row = base + d * strides[2] + h * strides[3];
+            let row_index = (d * w.input[1] + h) * w.input[2];
+            let mut c = w0;
+            while c < w1 {
+                let mut v = [[0.0f32; K]; 4];
+                crate::unroll!(j in [0, 1, 2, 3] {
+                    if j < chunk {
+                        let col = if c + (j as u32) < w1 { c + j as u32 } else { w1 - 1 };
+                        v[j] = load::<T, K>(x.add((row + col * strides[4]) as usize));
+                    }
+                });
+                crate::unroll!(j in [0, 1, 2, 3] {
+                    if j < chunk {
+                        let valid = c + (j as u32) < w1;
+                        let index = row_index + c + j as u32;
+                        f(if valid { v[j] } else { [fill; K] }, index, valid);
+                    }
+                });
+                c += chunk as u32;
+            }
+        }
+    }
+}
+
+/// Per channel, the linear spatial index of window `o`'s first element (in scan order) equal
+/// to `yv`, or `u32::MAX` where none is: the smallest index among the matches, a minimum
+/// rather than a search, so that all the window's loads are in flight together.
+///
+/// # Safety
+/// As [`scan_window`].
+#[inline(always)]
+unsafe fn first_match<T: Element, const K: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    yv: [f32; K],
+) -> [u32; K] {
+    let mut first = [u32::MAX; K];
+    scan_window::<T, K>(w, x, strides, base, o, 0.0, |v, index, valid| {
+        for k in 0..K {
+            let hit = valid & same_value(v[k], yv[k]);
+            first[k] = first[k].min(if hit { index } else { u32::MAX });
+        }
+    });
+    first
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------
+
+/// A thread per output element (`K = 1`) or per vector of `K` channels.
+#[inline(always)]
+unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
+    p: &PoolingFwdParams,
+    x: *const T,
+    y: *mut T,
+) {
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let c = c * K as u32;
+        let mut acc = [identity::<OP>(); K];
+        let base = row_offset(&p.x, n, c);
+        scan_window::<T, K>(w, x, &p.x, base, s, identity::<OP>(), |v, _, _| {
+            for k in 0..K {
+                acc[k] = combine::<OP>(acc[k], v[k]);
+            }
+        });
+        if OP == AVG {
+            let inv = inverse_count(w, s);
+            for k in 0..K {
+                acc[k] *= inv;
+            }
+        }
+        let at = row_offset(&p.y, n, c) + spatial_offset(&p.y, s);
+        store_blended::<T, K>(w, y.add(at as usize), acc);
+    })
+}
+
+/// Writes output `(n, c)` of a global pooling from its reduced value.
+#[inline(always)]
+unsafe fn write_global<T: Element, const OP: u32>(
+    p: &PoolingGlobalParams,
+    y: *mut T,
+    n: u32,
+    c: u32,
+    total: f32,
+) {
+    let v = if OP == AVG { total * p.inv_len } else { total };
+    let yp = y.add((n * p.y_n + c * p.y_c) as usize);
+    T::store(yp, blend(p.alpha, v, p.beta, || T::load(yp)));
+}
+
+/// Reduces elements `first, first + step, ..` below `p.len` of the row at `base`.
+#[inline(always)]
+unsafe fn reduce_row<T: Element, const OP: u32>(
+    p: &PoolingGlobalParams,
+    x: *const T,
+    base: u32,
+    first: u32,
+    step: u32,
+) -> f32 {
+    let mut acc = [identity::<OP>(); 4];
+    let mut r = first;
+    while r < p.len {
+        // Four loads in flight (those past the end skipped), then their combination.
+        let mut v = [identity::<OP>(); 4];
+        crate::unroll!(j in [0, 1, 2, 3] {
+            let at = r + j as u32 * step;
+            if at < p.len {
+                v[j] = T::load(x.add((base + at * p.red_stride) as usize));
+            }
+        });
+        for j in 0..4 {
+            acc[j] = combine::<OP>(acc[j], v[j]);
+        }
+        r += 4 * step;
+    }
+    combine::<OP>(combine::<OP>(acc[0], acc[1]), combine::<OP>(acc[2], acc[3]))
+}
+
+/// Global pooling, `group` lanes per output (warp-uniform loop, so every shuffle has the
+/// whole warp), or a block per output when `group > 32`.
+#[inline(always)]
+unsafe fn fwd_global<T: Element, const OP: u32>(p: &PoolingGlobalParams, x: *const T, y: *mut T) {
+    let comb = |a: f32, b: f32| combine::<OP>(a, b);
+    if p.group > 32 {
+        let scratch = crate::shared_array!(f32, 128);
+        let mut o = block_idx_x();
+        while o < p.outputs {
+            let (n, c) = p.c.div_rem(o);
+            let base = n * p.x_n + c * p.x_c;
+            let mine = reduce_row::<T, OP>(p, x, base, thread_idx_x(), block_dim_x());
+            let total = block_reduce(mine, scratch, identity::<OP>(), comb, shfl_xor_f32);
+            if thread_idx_x() == 0 {
+                write_global::<T, OP>(p, y, n, c, total);
+            }
+            o += grid_dim_x();
+        }
+        return;
+    }
+    // `group` is a power of two: shifts and masks, no division.
+    let group = p.group.clamp(1, 32);
+    let shift = group.trailing_zeros();
+    let per_warp = (32 >> shift) as u64;
+    let warps = (grid_dim_x() as u64 * block_dim_x() as u64) / 32;
+    let (slot, lane) = (lane_id() >> shift, lane_id() & (group - 1));
+    let mut first = (global_thread_x() / 32) * per_warp;
+    while first < p.outputs as u64 {
+        let o = first + slot as u64;
+        let active = o < p.outputs as u64;
+        let (n, c) = p.c.div_rem(o as u32);
+        let mine = if active {
+            let base = n * p.x_n + c * p.x_c;
+            reduce_row::<T, OP>(p, x, base, lane, group)
+        } else {
+            identity::<OP>()
+        };
+        let total = group_reduce(mine, group, comb, shfl_xor_f32);
+        if active && lane == 0 {
+            write_global::<T, OP>(p, y, n, c, total);
+        }
+        first += warps * per_warp;
+    }
+}
+
+/// Global pooling over channel-contiguous x: vectors of `K` channels across the block's
+/// columns, spatial positions across its rows, rows combined in order through shared memory.
+#[inline(always)]
+unsafe fn fwd_global_vec<T: Element, const K: usize, const OP: u32>(
+    p: &PoolingGlobalParams,
+    x: *const T,
+    y: *mut T,
+) {
+    // One slot per thread and channel: 256 threads x up to 8 channels.
+    let partials = crate::shared_f32!(8192);
+    let (n, tile) = p.tiles.div_rem(block_idx_x());
+    let t = thread_idx_x();
+    let (row, col) = p.cols.div_rem(t);
+    let cols = p.cols.divisor;
+    let vector = tile * cols + col;
+    let mut acc = [identity::<OP>(); K];
+    if row < p.rows && vector < p.c.divisor {
+        let base = n * p.x_n + vector * K as u32;
+        let mut r = row;
+        while r < p.len {
+            // Two loads in flight, then their combination.
+            let mut v = [[identity::<OP>(); K]; 2];
+            crate::unroll!(j in [0, 1] {
+                let at = r + j as u32 * p.rows;
+                if at < p.len {
+                    v[j] = load::<T, K>(x.add((base + at * p.red_stride) as usize));
+                }
+            });
+            for k in 0..K {
+                acc[k] = combine::<OP>(acc[k], combine::<OP>(v[0][k], v[1][k]));
+            }
+            r += 2 * p.rows;
+        }
+    }
+    // SAFETY: thread t writes slots t * K .. t * K + K < 2048, its own; the barrier orders
+    // these writes before the reads below.
+    for k in 0..K {
+        partials.store(t * K as u32 + k as u32, acc[k]);
+    }
+    sync_threads();
+    if t < cols * K as u32 {
+        let (col, k) = (t / K as u32, t % K as u32);
+        let vector = tile * cols + col;
+        if vector < p.c.divisor {
+            let mut total = identity::<OP>();
+            for r in 0..p.rows {
+                // SAFETY: slot (r * cols + col) * K + k < rows * cols * K <= 2048, written
+                // before the barrier.
+                total = combine::<OP>(total, partials.load((r * cols + col) * K as u32 + k));
+            }
+            write_global::<T, OP>(p, y, n, vector * K as u32 + k, total);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+
+/// A thread per dx element (`K = 1`) or vector of `K` channels, gathering over the windows
+/// that contain it.
+#[inline(always)]
+unsafe fn bwd_gather<T: Element, const K: usize, const OP: u32>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let c = c * K as u32;
+        // Windows `first[k]..last[k]` contain s[k]: o * stride - pad <= s < that + window.
+        let mut first = [0u32; 3];
+        let mut last = [0u32; 3];
+        crate::unroll!(k in [0, 1, 2] {
+            let t = s[k] + w.pad[k];
+            first[k] = if t >= w.window[k] { p.stride_div[k].div(t - w.window[k]) + 1 } else { 0 };
+            let end = p.stride_div[k].div(t) + 1;
+            last[k] = if end < w.output[k] { end } else { w.output[k] };
+        });
+        let (x_row, y_row, dy_row) = (
+            row_offset(&p.x, n, c),
+            row_offset(&p.y, n, c),
+            row_offset(&p.dy, n, c),
+        );
+        let mine = if OP == AVG {
+            [0.0; K]
+        } else {
+            load::<T, K>(x.add((x_row + spatial_offset(&p.x, s)) as usize))
+        };
+        let mut acc = [0.0f32; K];
+        for od in first[0]..last[0] {
+            for oh in first[1]..last[1] {
+                for ow in first[2]..last[2] {
+                    let o = [od, oh, ow];
+                    let g = dy.add((dy_row + spatial_offset(&p.dy, o)) as usize);
+                    if OP == AVG {
+                        let g = load::<T, K>(g);
+                        let inv = inverse_count(w, o);
+                        for k in 0..K {
+                            acc[k] += g[k] * inv;
+                        }
+                        continue;
+                    }
+                    let yv = load::<T, K>(y.add((y_row + spatial_offset(&p.y, o)) as usize));
+                    let mut hit = [false; K];
+                    for k in 0..K {
+                        hit[k] = same_value(mine[k], yv[k]);
+                    }
+                    if hit.iter().any(|&h| h)
+                        && first_match_is_mine::<T, K>(w, x, &p.x, x_row, o, s, yv, &mut hit)
+                    {
+                        let g = load::<T, K>(g);
+                        for k in 0..K {
+                            if hit[k] {
+                                acc[k] += g[k];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let at = row_offset(&p.dx, n, c) + spatial_offset(&p.dx, s);
+        store_blended::<T, K>(w, dx.add(at as usize), acc);
+    })
+}
+
+/// Clears `hit[k]` where an element of window `o` before `mine` in scan order equals
+/// `yv[k]` (that element takes the window's gradient); returns whether any hit remains.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn first_match_is_mine<T: Element, const K: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    mine: [u32; 3],
+    yv: [f32; K],
+    hit: &mut [bool; K],
+) -> bool {
+    let (d0, _) = span(w, 0, o[0]);
+    let (h0, h1) = span(w, 1, o[1]);
+    let (w0, w1) = span(w, 2, o[2]);
+    let mut d = d0;
+    let (mut h, mut c) = (h0, w0);
+    // Walk (d, h, c) in scan order from the window's first element up to `mine`.
+    while (d, h, c) != (mine[0], mine[1], mine[2]) {
+        let v = load::<T, K>(x.add((base + spatial_offset(strides, [d, h, c])) as usize));
+        let mut any = false;
+        for k in 0..K {
+            hit[k] = hit[k] && !same_value(v[k], yv[k]);
+            any |= hit[k];
+        }
+        if !any {
+            return false;
+        }
+        c += 1;
+        if c == w1 {
+            c = w0;
+            h += 1;
+            if h == h1 {
+                h = h0;
+                d += 1;
+            }
+        }
+    }
+    true
+}
+
+/// A thread per cell (`K = 1`) or cell and vector of `K` channels: each window overlapping
+/// the cell is visited once, its contribution added to the cell's elements it covers.
+#[inline(always)]
+unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    let slot = |j: usize| {
+        let v = p.cell_slots[j];
+        [v & 0xff, (v >> 8) & 0xff, v >> 16]
+    };
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s: cell } = p.items.at(i as u32);
+        let c = c * K as u32;
+        // The cell's first element (negative: padding), and the windows first[k]..last[k]
+        // that overlap it: cell - windows_per_cell < o <= cell.
+        let mut origin = [0i32; 3];
+        let mut first = [0u32; 3];
+        let mut last = [0u32; 3];
+        crate::unroll!(k in [0, 1, 2] {
+            origin[k] = (cell[k] * w.stride[k]) as i32 - w.pad[k] as i32;
+            let back = p.windows_per_cell[k] - 1;
+            first[k] = if cell[k] > back { cell[k] - back } else { 0 };
+            last[k] = if cell[k] < w.output[k] { cell[k] + 1 } else { w.output[k] };
+        });
+        let (x_row, y_row, dy_row) = (
+            row_offset(&p.x, n, c),
+            row_offset(&p.y, n, c),
+            row_offset(&p.dy, n, c),
+        );
+        let mut acc = [[0.0f32; K]; POOLING_MAX_CELL];
+        for od in first[0]..last[0] {
+            for oh in first[1]..last[1] {
+                for ow in first[2]..last[2] {
+                    let o = [od, oh, ow];
+                    let g = load::<T, K>(dy.add((dy_row + spatial_offset(&p.dy, o)) as usize));
+                    if OP == AVG {
+                        // Cell element e is in the window when e + (cell - o) * stride < window.
+                        let limit = [
+                            w.window[0] - (cell[0] - od) * w.stride[0],
+                            w.window[1] - (cell[1] - oh) * w.stride[1],
+                            w.window[2] - (cell[2] - ow) * w.stride[2],
+                        ];
+                        let inv = inverse_count(w, o);
+                        crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            let e = slot(j);
+                            if (j as u32) < p.cell_len && e[0] < limit[0] && e[1] < limit[1] && e[2] < limit[2] {
+                                crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                    if k < K {
+                                        acc[j][k] += g[k] * inv;
+                                    }
+                                });
+                            }
+                        });
+                        continue;
+                    }
+                    // The window's first element equal to its y, per channel.
+                    let yv = load::<T, K>(y.add((y_row + spatial_offset(&p.y, o)) as usize));
+                    let first = first_match::<T, K>(w, x, &p.x, x_row, o, yv);
+                    crate::unroll!(k in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        if k < K && first[k] != u32::MAX {
+                            // The winner's place in the cell, if it is in the cell.
+                            let (q, ww) = p.input_hw[1].div_rem(first[k]);
+                            let (wd, wh) = p.input_hw[0].div_rem(q);
+                            let r = [
+                                wd as i32 - origin[0],
+                                wh as i32 - origin[1],
+                                ww as i32 - origin[2],
+                            ];
+                            let inside = r[0] >= 0
+                                && r[1] >= 0
+                                && r[2] >= 0
+                                && (r[0] as u32) < w.stride[0]
+                                && (r[1] as u32) < w.stride[1]
+                                && (r[2] as u32) < w.stride[2];
+                            let at = ((r[0] as u32 * w.stride[1] + r[1] as u32) * w.stride[2]
+                                + r[2] as u32) as usize;
+                            crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                if inside && at == j {
+                                    acc[j][k] += g[k];
+                                }
+                            });
+                        }
+                    });
+                }
+            }
+        }
+        let dx_row = row_offset(&p.dx, n, c);
+        crate::unroll!(j in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if (j as u32) < p.cell_len {
+                let e = slot(j);
+                let mut at = [0u32; 3];
+                let mut inside = true;
+                crate::unroll!(k in [0, 1, 2] {
+                    let v = origin[k] + e[k] as i32;
+                    inside &= v >= 0 && v < w.input[k] as i32;
+                    at[k] = v as u32;
+                });
+                if inside {
+                    let off = dx_row + spatial_offset(&p.dx, at);
+                    store_blended::<T, K>(w, dx.add(off as usize), acc[j]);
+                }
+            }
+        });
+    })
+}
+
+/// Max backward through shared memory: a block takes a tile of cells of one image and run
+/// of channel vectors (see `PoolTile`). First every window overlapping the tile finds, once,
+/// the element that takes its gradient (its first element equal to its y), kept in shared
+/// memory with its dy; then every dx element of the tile adds the dy of the windows it won.
+#[inline(always)]
+unsafe fn bwd_tile_max<T: Element, const K: usize>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    let tile = &p.tile;
+    let vectors = tile.vectors.divisor;
+    let winners = dynamic_smem();
+    let grads = winners + 4 * tile.window_count * vectors * K as u32;
+    let (q, tw) = tile.count[2].div_rem(block_idx_x());
+    let (q, th) = tile.count[1].div_rem(q);
+    let (q, td) = tile.count[0].div_rem(q);
+    let (n, vb) = tile.vector_blocks.div_rem(q);
+    let t = [td, th, tw];
+    // The tile's first cell, and its first window (negative: before window 0), per dim.
+    let mut first_cell = [0u32; 3];
+    let mut first_window = [0i32; 3];
+    crate::unroll!(k in [0, 1, 2] {
+        first_cell[k] = t[k] * tile.cells[k];
+        first_window[k] = first_cell[k] as i32 - (p.windows_per_cell[k] - 1) as i32;
+    });
+
+    let mut i = thread_idx_x();
+    while i < tile.window_count * vectors {
+        let (wi, v) = tile.vectors.div_rem(i);
+        let (q, ow) = tile.windows[2].div_rem(wi);
+        let (od, oh) = tile.windows[1].div_rem(q);
+        let o = [
+            first_window[0] + od as i32,
+            first_window[1] + oh as i32,
+            first_window[2] + ow as i32,
+        ];
+        let vector = vb * vectors + v;
+        let mut inside = vector < tile.channel_vectors;
+        crate::unroll!(k in [0, 1, 2] {
+            inside &= o[k] >= 0 && (o[k] as u32) < w.output[k];
+        });
+        let mut winner = [u32::MAX; K];
+        let mut g = [0.0f32; K];
+        if inside {
+            let o = [o[0] as u32, o[1] as u32, o[2] as u32];
+            let c = vector * K as u32;
+            let at_y = row_offset(&p.y, n, c) + spatial_offset(&p.y, o);
+            let yv = load::<T, K>(y.add(at_y as usize));
+            winner = first_match::<T, K>(w, x, &p.x, row_offset(&p.x, n, c), o, yv);
+            let at_dy = row_offset(&p.dy, n, c) + spatial_offset(&p.dy, o);
+            g = load::<T, K>(dy.add(at_dy as usize));
+        }
+        // SAFETY: slot i * K + k < window_count * vectors * K, the size of both arrays the
+        // host allocated; each slot is written by one thread, read after the barrier.
+        for k in 0..K {
+            let slot = 4 * (i * K as u32 + k as u32);
+            st_shared_u32(winners + slot, winner[k]);
+            st_shared_u32(grads + slot, g[k].to_bits());
+        }
+        i += block_dim_x();
+    }
+    sync_threads();
+
+    let mut e = thread_idx_x();
+    while e < tile.element_count * vectors {
+        let (ei, v) = tile.vectors.div_rem(e);
+        let (q, ew) = tile.elements[2].div_rem(ei);
+        let (ed, eh) = tile.elements[1].div_rem(q);
+        let rel = [ed, eh, ew];
+        let vector = vb * vectors + v;
+        let mut inside = vector < tile.channel_vectors;
+        let mut s = [0u32; 3];
+        crate::unroll!(k in [0, 1, 2] {
+            let at = (first_cell[k] * w.stride[k] + rel[k]) as i32 - w.pad[k] as i32;
+            inside &= at >= 0 && (at as u32) < w.input[k];
+            s[k] = at as u32;
+        });
+        if inside {
+            let me = (s[0] * w.input[1] + s[1]) * w.input[2] + s[2];
+            // Windows first[k]..last[k] contain s[k] (all among the tile's windows).
+            let mut first = [0u32; 3];
+            let mut last = [0u32; 3];
+            crate::unroll!(k in [0, 1, 2] {
+                let t = s[k] + w.pad[k];
+                first[k] = if t >= w.window[k] { p.stride_div[k].div(t - w.window[k]) + 1 } else { 0 };
+                let end = p.stride_div[k].div(t) + 1;
+                last[k] = if end < w.output[k] { end } else { w.output[k] };
+            });
+            let mut acc = [0.0f32; K];
+            for od in first[0]..last[0] {
+                for oh in first[1]..last[1] {
+                    for ow in first[2]..last[2] {
+                        let local = ((od as i32 - first_window[0]) as u32
+                            * tile.windows[1].divisor
+                            + (oh as i32 - first_window[1]) as u32)
+                            * tile.windows[2].divisor
+                            + (ow as i32 - first_window[2]) as u32;
+                        let base = (local * vectors + v) * K as u32;
+                        for k in 0..K {
+                            let slot = 4 * (base + k as u32);
+                            // SAFETY: written in the first phase, before the barrier.
+                            if ld_shared_u32(winners + slot) == me {
+                                acc[k] += f32::from_bits(ld_shared_u32(grads + slot));
+                            }
+                        }
+                    }
+                }
+            }
+            let c = vector * K as u32;
+            let at = row_offset(&p.dx, n, c) + spatial_offset(&p.dx, s);
+            store_blended::<T, K>(w, dx.add(at as usize), acc);
+        }
+        e += block_dim_x();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------
+
+macro_rules! pooling_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// `x` and `y` cover the tensors `p` describes; y's offsets are distinct.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_window_ $dt>](
+                p: PoolingFwdParams, x: *const $T, y: *mut $T,
+            ) {
+                with_op!(p.win.kind, p.win.propagate_nan, |OP| fwd_window::<$T, 1, OP>(&p, x, y))
+            }
+            /// # Safety
+            /// As `pooling_fwd_window_*`; x and y are channel-contiguous, 16-byte aligned,
+            /// every other stride a multiple of the vector, `items.c` counts vectors.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_window_vec_ $dt>](
+                p: PoolingFwdParams, x: *const $T, y: *mut $T,
+            ) {
+                with_vector!($T, |K| with_op!(p.win.kind, p.win.propagate_nan, |OP| {
+                    fwd_window::<$T, K, OP>(&p, x, y)
+                }))
+            }
+            /// # Safety
+            /// `x` and `y` cover the tensors `p` describes; 256-thread blocks.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_global_ $dt>](
+                p: PoolingGlobalParams, x: *const $T, y: *mut $T,
+            ) {
+                with_op!(p.kind, p.propagate_nan, |OP| fwd_global::<$T, OP>(&p, x, y))
+            }
+            /// # Safety
+            /// As `pooling_fwd_global_*`; x channel-contiguous and 16-byte aligned, its
+            /// other strides multiples of the vector; `rows * cols <= 256`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_global_vec_ $dt>](
+                p: PoolingGlobalParams, x: *const $T, y: *mut $T,
+            ) {
+                with_vector!($T, |K| with_op!(p.kind, p.propagate_nan, |OP| {
+                    fwd_global_vec::<$T, K, OP>(&p, x, y)
+                }))
+            }
+            /// # Safety
+            /// The pointers cover the tensors `p` describes; dx's offsets are distinct.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_gather::<$T, 1, MAX_IGNORE_NAN>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_max_*` (x and y are not read).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_avg_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_gather::<$T, 1, AVG>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_max_*`; every operand channel-contiguous as for
+            /// `pooling_fwd_window_vec_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_vec_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                with_vector!($T, |K| bwd_gather::<$T, K, MAX_IGNORE_NAN>(&p, x, y, dy, dx))
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_vec_max_*` (x and y are not read).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_gather_vec_avg_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                with_vector!($T, |K| bwd_gather::<$T, K, AVG>(&p, x, y, dy, dx))
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_max_*`; one block per tile (`p.tile`), 256 threads,
+            /// `p.tile.shared_bytes(1)` bytes of dynamic shared memory.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_tile_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_tile_max::<$T, 1>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_tile_max_*` with `p.tile.shared_bytes(16 / size)` bytes, and
+            /// every operand channel-contiguous as for `pooling_fwd_window_vec_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_tile_vec_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                with_vector!($T, |K| bwd_tile_max::<$T, K>(&p, x, y, dy, dx))
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_max_*`; `items` counts cells.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell::<$T, 1, MAX_IGNORE_NAN>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_cell_max_*` (x and y are not read).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_avg_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell::<$T, 1, AVG>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_cell_max_*`; every operand channel-contiguous in vectors of
+            /// `CELL_VECTOR` elements (aligned to their size, every other stride a
+            /// multiple of it); `items.c` counts those vectors.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell::<$T, CELL_VECTOR, MAX_IGNORE_NAN>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_cell_vec_max_*` (x and y are not read).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_avg_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell::<$T, CELL_VECTOR, AVG>(&p, x, y, dy, dx)
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(pooling_entry_points);

@@ -1,0 +1,242 @@
+//! The row engine of the normalisation-style families (layer/RMS norm, softmax): each row
+//! of `len` elements is handled by a [`Group`] of whole warps, which loads it once into
+//! registers, reduces across the group by shuffles (and shared memory between warps), and
+//! writes the result.
+//!
+//! Slot `j` (of `V` per thread) of lane `l` of warp `w` in a group of `W` warps covers, in
+//! chunk `c`, the `K` elements from `(((c * W + w) * V + j) * 32 + l) * K`: every warp-wide
+//! access is `32 * K` consecutive elements (512 bytes with 16-byte vectors), a thread's
+//! slots are independent loads in flight together, and they lie a constant `32 * K`
+//! elements apart (immediate address offsets, no address register per slot). `K` is a 16-byte vector (`Dense` rows: dense and
+//! aligned in every operand) or 1 (rows through an index map). Rows that do not fit the
+//! group's registers are streamed chunk by chunk (`long` kernels).
+
+use crate::device::{
+    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, shfl_xor_f32,
+    thread_idx_x, warp_id, warp_reduce,
+};
+use crate::element::Element;
+use oxidnn_params::IndexMap;
+
+/// Elements of `T` in a 16-byte vector.
+pub const fn vector_elements<T>() -> usize {
+    16 / size_of::<T>()
+}
+
+/// The threads of one row: `threads` (whole warps), `per_block` groups to a block (at most
+/// 8). Groups of several warps synchronise among themselves with named barriers (id `1 +
+/// in_block`), so groups of one block may be at different rows.
+#[derive(Clone, Copy)]
+pub struct Group {
+    /// This thread's rank in its group.
+    pub rank: u32,
+    pub threads: u32,
+    /// Warps in the group.
+    pub warps: u32,
+    /// This group's index in its block, and the groups per block.
+    pub in_block: u32,
+    pub per_block: u32,
+    /// This group's index over the grid, and the groups in the grid.
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Group {
+    /// The group of this thread when each row has `warps` warps.
+    #[inline(always)]
+    pub fn new(warps: u32) -> Self {
+        let threads = 32 * warps;
+        let per_block = block_dim_x() / threads;
+        let in_block = thread_idx_x() / threads;
+        Self {
+            rank: thread_idx_x() % threads,
+            threads,
+            warps,
+            in_block,
+            per_block,
+            index: block_idx_x() * per_block + in_block,
+            count: grid_dim_x() * per_block,
+        }
+    }
+
+    /// Calls `f(row)` for this group's rows (`index`, `index + count`, ..).
+    #[inline(always)]
+    pub fn rows(&self, rows: u32, mut f: impl FnMut(u32)) {
+        let mut row = self.index;
+        while row < rows {
+            f(row);
+            row += self.count;
+        }
+    }
+
+    /// The first element of slot `j` in chunk `chunk`, for `K` elements per slot and `V`
+    /// slots per thread.
+    #[inline(always)]
+    pub fn first<const K: usize, const V: usize>(&self, chunk: u32, j: usize) -> u32 {
+        let (warp, lane) = (self.rank / 32, self.rank % 32);
+        let base = ((chunk * self.warps + warp) * V as u32 * 32 + lane) * K as u32;
+        base + (j * 32 * K) as u32
+    }
+
+    /// Combines `v` over the group; every thread of the group gets the result. Every
+    /// thread of the group must call it (uniform control flow).
+    #[inline(always)]
+    pub fn reduce<T: Copy>(
+        &self,
+        v: T,
+        identity: T,
+        combine: impl Fn(T, T) -> T + Copy,
+        shfl: impl Fn(T, u32) -> T + Copy,
+    ) -> T {
+        let total = warp_reduce(v, combine, shfl);
+        if self.threads == 32 {
+            return total;
+        }
+        // Each warp's total to shared memory (one slot per warp of the block, at most 32),
+        // then every thread combines its group's slots in warp order.
+        let _ = identity;
+        let scratch = crate::shared_array!(T, 512);
+        let warp = warp_id();
+        let first = (self.in_block * self.warps) as usize;
+        let barrier = 1 + self.in_block;
+        // SAFETY: warp `w` of the block writes slot `w < 32`; the named barrier of the group
+        // orders those writes before the group's reads, the second one keeps a later call's
+        // writes behind them.
+        unsafe {
+            if lane_id() == 0 {
+                *scratch.add(warp as usize) = total;
+            }
+            bar_sync(barrier, self.threads);
+            let mut all = *scratch.add(first);
+            for w in 1..self.warps as usize {
+                all = combine(all, *scratch.add(first + w));
+            }
+            bar_sync(barrier, self.threads);
+            all
+        }
+    }
+
+    #[inline(always)]
+    pub fn sum(&self, v: f32) -> f32 {
+        self.reduce(v, 0.0, |a, b| a + b, shfl_xor_f32)
+    }
+
+    #[inline(always)]
+    pub fn max(&self, v: f32) -> f32 {
+        self.reduce(v, f32::NEG_INFINITY, max_nan, shfl_xor_f32)
+    }
+}
+
+/// `max(a, b)`, NaN if either is (so a NaN in a row reaches every output).
+#[inline(always)]
+pub fn max_nan(a: f32, b: f32) -> f32 {
+    if a != a || a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Two sums reduced together.
+#[inline(always)]
+pub fn shfl_pair(v: [f32; 2], mask: u32) -> [f32; 2] {
+    [shfl_xor_f32(v[0], mask), shfl_xor_f32(v[1], mask)]
+}
+
+/// Where element `e` of a row lives in each of `N` operands, relative to their row bases.
+pub trait Inner<const N: usize>: Copy {
+    fn at(&self, e: u32) -> [u64; N];
+}
+
+/// Rows dense in every operand: element `e` at offset `e`.
+#[derive(Clone, Copy)]
+pub struct Dense;
+
+impl<const N: usize> Inner<N> for Dense {
+    #[inline(always)]
+    fn at(&self, e: u32) -> [u64; N] {
+        [e as u64; N]
+    }
+}
+
+impl<const N: usize> Inner<N> for &IndexMap<N> {
+    #[inline(always)]
+    fn at(&self, e: u32) -> [u64; N] {
+        self.offsets(e)
+    }
+}
+
+/// `K` consecutive elements at `p` (one element, or one 16-byte vector), through the
+/// read-only path.
+///
+/// # Safety
+/// Readable, not written during the launch; for `K > 1`, `p` is 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load<T: Element, const K: usize>(p: *const T) -> [f32; K] {
+    if K == 1 {
+        let mut out = [0.0; K];
+        out[0] = T::load(p);
+        out
+    } else {
+        T::unpack::<K>(T::load_raw::<K>(p, true))
+    }
+}
+
+/// As [`load`], through the coherent path (for outputs read before they are written).
+///
+/// # Safety
+/// Readable; for `K > 1`, `p` is 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_coherent<T: Element, const K: usize>(p: *const T) -> [f32; K] {
+    if K == 1 {
+        let mut out = [0.0; K];
+        out[0] = T::load(p);
+        out
+    } else {
+        T::unpack::<K>(T::load_raw::<K>(p, false))
+    }
+}
+
+/// Stores `K` consecutive elements at `p`.
+///
+/// # Safety
+/// Writable; for `K > 1`, `p` is 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store<T: Element, const K: usize>(p: *mut T, v: [f32; K]) {
+    if K == 1 {
+        T::store(p, v[0]);
+    } else {
+        T::store_vec::<K>(p, v);
+    }
+}
+
+/// `K` consecutive per-element parameters (e.g. a norm's scale) at element offset `off` of
+/// `w`, stored as f32 (`f32_params`) or as `T`.
+///
+/// # Safety
+/// As [`load`] for the stored type; f32 runs of `K > 1` are 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_params<T: Element, const K: usize>(
+    w: *const u8,
+    off: u64,
+    f32_params: bool,
+) -> [f32; K] {
+    if !f32_params {
+        return load::<T, K>((w as *const T).add(off as usize));
+    }
+    let p = (w as *const f32).add(off as usize);
+    let mut out = [0.0f32; K];
+    if K % 4 == 0 {
+        for c in 0..K / 4 {
+            let v = ld_global_nc_v4(p.add(4 * c) as *const u32);
+            for i in 0..4 {
+                out[4 * c + i] = f32::from_bits(v[i]);
+            }
+        }
+    } else {
+        for i in 0..K {
+            out[i] = *p.add(i);
+        }
+    }
+    out
+}

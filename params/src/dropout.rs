@@ -1,0 +1,130 @@
+//! Dropout: the generator state kept in the caller's states buffer, the kernels' parameter
+//! structs, and the one definition of which elements drop (shared by kernels and the CPU
+//! reference).
+//!
+//! Element `i` (its logical, row-major index over the tensor's dims, whatever its strides)
+//! of the `k`-th forward call on a states buffer seeded with `seed` draws the 32-bit word
+//! `i % 4` of `philox4x32_10(counter, key)` with
+//! `counter = [g as u32, (g >> 32) as u32, k as u32, (k >> 32) as u32]`, `g = i / 4`, and
+//! `key = [seed as u32, (seed >> 32) as u32]`; it is kept when that word is at least
+//! `dropout_threshold(p)`. Nothing else (layout, grid, block size) enters.
+
+use crate::philox::philox4x32_10;
+use crate::IndexMap;
+
+/// The generator state at the start of a dropout states buffer.
+///
+/// `calls` counts the forward calls made with the buffer since it was seeded: call `k`
+/// draws with counter words 2 and 3 equal to `k`, then advances `calls` to `k + 1` (on the
+/// GPU the last block of the forward kernel to finish does it; `blocks_done` counts the
+/// blocks finished so far and is 0 between calls).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropoutState {
+    /// [`DROPOUT_STATE_MAGIC`] once seeded.
+    pub magic: u32,
+    pub blocks_done: u32,
+    pub seed: u64,
+    pub calls: u64,
+    pub _reserved: u64,
+}
+
+/// Marks a seeded [`DropoutState`] ("OXDP").
+pub const DROPOUT_STATE_MAGIC: u32 = 0x5044_584F;
+
+/// Bytes of a dropout states buffer.
+pub const DROPOUT_STATE_BYTES: usize = core::mem::size_of::<DropoutState>();
+
+/// Elements whose keep bits fill one 32-bit word of the reserve space.
+pub const DROPOUT_MASK_WORD_BITS: u64 = 32;
+
+/// The keep threshold of drop probability `p` in `[0, 1]`: `floor(p * 2^32)`. An element
+/// whose random word is below it drops, so the keep probability is exactly
+/// `1 - threshold / 2^32` (`p = 1`: 2^32, nothing kept; `p = 0`: 0, everything kept).
+#[inline(always)]
+pub fn dropout_threshold(p: f64) -> u64 {
+    let t = p * 4_294_967_296.0;
+    if t.is_nan() || t <= 0.0 {
+        0
+    } else if t >= 4_294_967_296.0 {
+        1 << 32
+    } else {
+        t as u64 // truncation: floor for a non-negative value
+    }
+}
+
+/// The key of `seed`.
+#[inline(always)]
+pub fn dropout_key(seed: u64) -> [u32; 2] {
+    [seed as u32, (seed >> 32) as u32]
+}
+
+/// The four random words of elements `4 g .. 4 g + 4` in forward call `call`.
+#[inline(always)]
+pub fn dropout_randoms(key: [u32; 2], call: u64, g: u64) -> [u32; 4] {
+    philox4x32_10(
+        [g as u32, (g >> 32) as u32, call as u32, (call >> 32) as u32],
+        key,
+    )
+}
+
+/// Whether an element with random word `r` is kept.
+#[inline(always)]
+pub fn dropout_keeps(r: u32, threshold: u64) -> bool {
+    r as u64 >= threshold
+}
+
+/// Whether element `i` is kept in forward call `call` of a generator seeded with `seed`.
+pub fn dropout_keeps_element(seed: u64, call: u64, threshold: u64, i: u64) -> bool {
+    let r = dropout_randoms(dropout_key(seed), call, i / 4)[(i % 4) as usize];
+    dropout_keeps(r, threshold)
+}
+
+/// Parameters of `dropout_fwd_*`: `y = keep(i) ? x * scale : 0` for the `len` logical
+/// elements, keep bits to the reserve space (bit `i % 32` of word `i / 32`, 1 = kept).
+///
+/// `dropout_fwd_packed_*`: x and y row-major and dense, so element `i` is at offset `i`
+/// (16-byte vectors). `dropout_fwd_strided_*`: `map` walks the logical dims in row-major
+/// order, operands `[x, y]`. Both run a grid-stride loop over warps and read the seed and
+/// the call number from the states buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DropoutFwdParams {
+    pub threshold: u64,
+    pub scale: f32,
+    pub _pad: u32,
+    pub len: u64,
+    pub map: IndexMap<2>,
+}
+
+/// Parameters of `dropout_bwd_*`: `dx = keep(i) ? dy * scale : 0`, keep bits read from the
+/// reserve space. Operands of `map` (strided kernel): `[dy, dx]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DropoutBwdParams {
+    pub scale: f32,
+    pub _pad: u32,
+    pub len: u64,
+    pub map: IndexMap<2>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_cover_the_closed_interval() {
+        assert_eq!(dropout_threshold(0.0), 0);
+        assert_eq!(dropout_threshold(1.0), 1 << 32);
+        assert_eq!(dropout_threshold(0.5), 1 << 31);
+        assert!(!dropout_keeps(u32::MAX, dropout_threshold(1.0)));
+        assert!(dropout_keeps(0, dropout_threshold(0.0)));
+    }
+
+    #[test]
+    fn the_state_is_32_bytes_with_fixed_offsets() {
+        assert_eq!(DROPOUT_STATE_BYTES, 32);
+        assert_eq!(core::mem::offset_of!(DropoutState, seed), 8);
+        assert_eq!(core::mem::offset_of!(DropoutState, calls), 16);
+    }
+}

@@ -1,0 +1,221 @@
+//! Parameters of the pooling kernels (`pooling_*`).
+//!
+//! Every pooling kernel sees a tensor as five logical dims `[n, c, d, h, w]`: 2-D pooling
+//! has `d` of extent 1 (window 1, stride 1, no padding), 1-D pooling `d` and `h`. Strides are
+//! in elements, one per logical dim (0 for the dims the tensor lacks); offsets are 32-bit
+//! (the host checks that every tensor spans fewer than 2^32 elements).
+
+use crate::FastDivisor;
+
+/// Most dx elements one thread of a `pooling_bwd_cell_*` kernel owns.
+pub const POOLING_MAX_CELL: usize = 8;
+
+/// Channels one thread of a `pooling_bwd_cell_vec_*` kernel takes (its accumulators are a
+/// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
+pub const POOLING_CELL_VECTOR: usize = 4;
+
+/// What a window computes, numbered as the kernels expect.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolingKind {
+    Max = 0,
+    /// Sum over the window divided by the window's volume (padding counts as zeros).
+    AvgIncludePadding = 1,
+    /// Sum over the window's in-bounds elements divided by their count.
+    AvgExcludePadding = 2,
+}
+
+impl PoolingKind {
+    /// The kind a raw discriminant names; unknown values read as max.
+    #[inline(always)]
+    pub fn from_u32(v: u32) -> Self {
+        match v {
+            1 => Self::AvgIncludePadding,
+            2 => Self::AvgExcludePadding,
+            _ => Self::Max,
+        }
+    }
+}
+
+/// The pooling window and the blend, shared by every windowed kernel. Output position `o`
+/// of spatial dim `k` covers inputs `o * stride[k] - pad[k] ..` (`window[k]` of them), of
+/// which those in `0..input[k]` exist. Spatial arrays are ordered `[d, h, w]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolWindow {
+    pub kind: u32,
+    /// Max only: 1 if a NaN in the window makes the result NaN, 0 if NaNs are skipped.
+    pub propagate_nan: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    pub input: [u32; 3],
+    pub output: [u32; 3],
+    pub window: [u32; 3],
+    pub pad: [u32; 3],
+    pub stride: [u32; 3],
+    /// `1 / (window[0] * window[1] * window[2])`, rounded to f32.
+    pub inv_volume: f32,
+}
+
+/// The work items of a launch: `len` items counted row-major over `[n, c, d, h, w]` when
+/// `channels_last == 0` (consecutive items along `w`: coalesced for NCHW) or over
+/// `[n, d, h, w, c]` otherwise (consecutive channels: coalesced for NHWC). `c`, `d`, `h`
+/// and `w` divide by the extents of those dims (items may be cells or channel vectors).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolItems {
+    pub len: u32,
+    pub channels_last: u32,
+    pub c: FastDivisor,
+    pub d: FastDivisor,
+    pub h: FastDivisor,
+    pub w: FastDivisor,
+}
+
+/// One item's coordinates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolCoord {
+    pub n: u32,
+    pub c: u32,
+    /// `[d, h, w]`.
+    pub s: [u32; 3],
+}
+
+impl PoolItems {
+    /// The coordinates of item `i`.
+    #[inline(always)]
+    pub fn at(&self, i: u32) -> PoolCoord {
+        if self.channels_last != 0 {
+            let (q, c) = self.c.div_rem(i);
+            let (q, w) = self.w.div_rem(q);
+            let (q, h) = self.h.div_rem(q);
+            let (n, d) = self.d.div_rem(q);
+            PoolCoord { n, c, s: [d, h, w] }
+        } else {
+            let (q, w) = self.w.div_rem(i);
+            let (q, h) = self.h.div_rem(q);
+            let (q, d) = self.d.div_rem(q);
+            let (n, c) = self.c.div_rem(q);
+            PoolCoord { n, c, s: [d, h, w] }
+        }
+    }
+}
+
+/// Parameters of `pooling_fwd_window_*` (one thread per output element) and
+/// `pooling_fwd_window_vec_*` (one thread per 16-byte vector of channels of one output
+/// position; `items.c` then counts vectors): `y = alpha * pool(x) + beta * y`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolingFwdParams {
+    pub win: PoolWindow,
+    /// Over y's dims.
+    pub items: PoolItems,
+    /// Strides over `[n, c, d, h, w]`.
+    pub x: [u32; 5],
+    pub y: [u32; 5],
+}
+
+/// Parameters of `pooling_fwd_global_*` and `pooling_fwd_global_vec_*`: windows cover the
+/// whole spatial extent without padding, so each `(n, c)` reduces its `len` spatial
+/// elements, which lie at `x_n * n + x_c * c + red_stride * r` (`r < len`).
+///
+/// `pooling_fwd_global_*`: `group` lanes per output (a power of two up to 32), or one
+/// 256-thread block per output when `group > 32`; outputs counted `(n, c)`, `c` fastest.
+///
+/// `pooling_fwd_global_vec_*` (channel-contiguous x): block `b` takes image
+/// `b / tiles` and the `cols` channel vectors from `(b % tiles) * cols`; its threads form
+/// `rows x cols` (thread `t` at row `t / cols`), each row reducing every `rows`-th spatial
+/// element, and the rows are combined through shared memory in row order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolingGlobalParams {
+    pub kind: u32,
+    pub propagate_nan: u32,
+    pub alpha: f32,
+    pub beta: f32,
+    /// `n * c` outputs.
+    pub outputs: u32,
+    pub len: u32,
+    /// `1 / len`, rounded to f32.
+    pub inv_len: f32,
+    pub group: u32,
+    /// Extent of c (global kernel) or of the channel vectors (vec kernel).
+    pub c: FastDivisor,
+    pub tiles: FastDivisor,
+    pub cols: FastDivisor,
+    pub rows: u32,
+    pub red_stride: u32,
+    pub x_n: u32,
+    pub x_c: u32,
+    pub y_n: u32,
+    pub y_c: u32,
+}
+
+/// The tile of a `pooling_bwd_tile_max_*` block: the block takes image `n`, channel
+/// vectors `vb * vectors ..` (at most `vectors`, of `channel_vectors`) and the cells
+/// `t * cells ..` per spatial dim, where the block index counts `(n, vb, td, th, tw)`
+/// row-major (`count` tiles per dim, `vector_blocks` channel-vector blocks). Its first
+/// phase finds the winner of each of the `windows[k] = cells[k] + windows_per_cell[k] - 1`
+/// windows per dim that overlap the tile (from window `t * cells - windows_per_cell + 1`),
+/// its second gathers them into the `elements[k] = cells[k] * stride[k]` dx elements per
+/// dim. Dynamic shared memory: `window_count * vectors * K` u32 winners (each the linear
+/// spatial index of the window's element that takes its gradient, or `u32::MAX`), then as
+/// many f32 gradients.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolTile {
+    pub cells: [u32; 3],
+    pub count: [FastDivisor; 3],
+    pub windows: [FastDivisor; 3],
+    pub elements: [FastDivisor; 3],
+    pub vectors: FastDivisor,
+    pub vector_blocks: FastDivisor,
+    pub channel_vectors: u32,
+    pub window_count: u32,
+    pub element_count: u32,
+}
+
+impl PoolTile {
+    /// Bytes of dynamic shared memory a block needs, for `k` channels per vector.
+    pub const fn shared_bytes(&self, k: u32) -> u32 {
+        self.window_count * self.vectors.divisor * k * 8
+    }
+}
+
+/// Parameters of the backward kernels: `dx = alpha * grad + beta * dx`, where `grad` of an
+/// element sums, over the windows that contain it, `dy / count` (average; count = volume
+/// when padding is included, else the window's in-bounds elements) or `dy` where the
+/// element is the window's first element in scan order (d, then h, then w) equal to the
+/// window's `y` (max; NaN equals NaN).
+///
+/// `pooling_bwd_gather_*` (and `_vec_`): one thread per dx element (or channel vector),
+/// gathering over the windows that contain it; `items` over dx's dims.
+///
+/// `pooling_bwd_tile_max_*` (and `_vec_`): a block per tile of cells (see [`PoolTile`]),
+/// windows through shared memory.
+///
+/// `pooling_bwd_cell_*` (and `_vec_`): one thread per *cell*: the `stride[0] x stride[1] x
+/// stride[2]` block of dx elements from `cell * stride - pad` (cells tile the input
+/// aligned to the window starts; `cell_len <= POOLING_MAX_CELL`). It visits each of the at
+/// most `windows_per_cell` windows per dim that overlap the cell once; `items` count cells.
+/// Element `j` of a cell is at offset `cell_slots[j]` = `d | h << 8 | w << 16`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolingBwdParams {
+    pub win: PoolWindow,
+    pub items: PoolItems,
+    /// Divides by `win.stride`.
+    pub stride_div: [FastDivisor; 3],
+    /// Divide by `win.input[1]` and `win.input[2]` (h and w: linear spatial indices to
+    /// coordinates).
+    pub input_hw: [FastDivisor; 2],
+    pub windows_per_cell: [u32; 3],
+    pub cell_len: u32,
+    pub cell_slots: [u32; POOLING_MAX_CELL],
+    pub tile: PoolTile,
+    /// Strides over `[n, c, d, h, w]`.
+    pub x: [u32; 5],
+    pub y: [u32; 5],
+    pub dy: [u32; 5],
+    pub dx: [u32; 5],
+}

@@ -1,0 +1,1090 @@
+//! Pooling (cudnnPoolingForward / cudnnPoolingBackward) over 1 to 3 spatial dims: max,
+//! average including or excluding padding; a window, padding and stride per spatial dim.
+//!
+//! Tensors are `N, C, spatial..` (NCHW, NHWC, NCDHW, NDHWC or any strides). Output
+//! extent per spatial dim: `1 + (in + 2 * pad - window) / stride`, rounded down
+//! ([`pooling_forward_output_dims`], cudnnGetPoolingNdForwardOutputDim).
+//!
+//! Semantics:
+//! - **Max** takes the window's largest in-bounds element (padding never wins). With
+//!   [`PoolingNanOpt::Propagate`] a NaN in the window makes the result NaN; with
+//!   [`PoolingNanOpt::NotPropagate`] NaNs are skipped (a window of NaNs only gives -inf).
+//! - **Max backward** sends each window's gradient to one element: the window's first
+//!   in-bounds element in scan order (d, then h, then w) whose `x` equals the window's `y`
+//!   (NaN equals NaN); when none does (a `y` that is not this `x`'s forward output), the
+//!   gradient is dropped. On ties this is the first maximum, as cuDNN chooses.
+//!   [`PoolingMode::MaxDeterministic`] is the same: every oxidnn backward is deterministic
+//!   (each dx element is computed by one thread that gathers over its windows in a fixed
+//!   order; no atomics).
+//! - **Average** divides the window's sum by its volume (padding counts as zeros) or by its
+//!   in-bounds element count; the backward spreads `dy` over the window likewise.
+//!
+//! The GPU computes in f32 for every storage type. Forward: a thread per output (threads
+//! along the output's w for NCHW); channel-contiguous tensors (NHWC) move 16-byte vectors
+//! of channels; a window that covers the whole spatial extent without padding (global
+//! pooling) runs a dedicated reduction per `(n, c)`. Backward, without atomics: each dx
+//! element is written by one thread, as a gather over the windows containing it, per cell
+//! (the stride-sized block of elements at a window start, each overlapping window visited
+//! once) or, for max over channel vectors, per tile of cells whose windows' winners are
+//! found once into shared memory.
+//!
+//! ```
+//! use oxidnn::*;
+//! let (handle, _) = Handle::gpu_or_cpu();
+//! // 3x3 max pooling, stride 2, padding 1, on a 1x1x4x4 image.
+//! let pool = PoolingDescriptor::new_2d(PoolingMode::Max, PoolingNanOpt::NotPropagate, [3, 3], [1, 1], [2, 2])?;
+//! let x_desc = TensorDescriptor::nchw(DataType::F32, 1, 1, 4, 4)?;
+//! let y_dims = pooling_forward_output_dims(&pool, &x_desc)?;
+//! assert_eq!(y_dims, [1, 1, 2, 2]);
+//! let y_desc = TensorDescriptor::packed(DataType::F32, &y_dims)?;
+//! let x = handle.upload(&(0..16).map(|v| v as f32).collect::<Vec<_>>())?;
+//! let mut y = handle.alloc(&y_desc)?;
+//! pooling_forward(&handle, &pool, 1.0, &x_desc, &x, 0.0, &y_desc, &mut y)?;
+//! assert_eq!(handle.read::<f32>(&y)?, [5.0, 7.0, 13.0, 15.0]);
+//! # Ok::<(), oxidnn::Error>(())
+//! ```
+
+use super::{grid_stride_config, host_read, host_write, scale_factor};
+use crate::buffer::Buffer;
+use crate::descriptor::{check_output, check_same_dtype, TensorDescriptor};
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::handle::{Backend, Handle};
+use crate::kernels;
+use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
+use crate::reference;
+use oxidnn_params::{
+    FastDivisor, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
+};
+
+/// The most spatial dims a pooling descriptor has.
+pub const POOLING_MAX_SPATIAL_DIMS: usize = 3;
+
+/// How a window is reduced (cuDNN's `cudnnPoolingMode_t`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolingMode {
+    /// The maximum (`CUDNN_POOLING_MAX`).
+    Max,
+    /// `CUDNN_POOLING_MAX_DETERMINISTIC`: the same as [`PoolingMode::Max`] here, since every
+    /// oxidnn pooling backward is deterministic.
+    MaxDeterministic,
+    /// The sum divided by the window's volume: padding counts as zeros.
+    AverageCountIncludePadding,
+    /// The sum divided by the number of in-bounds elements.
+    AverageCountExcludePadding,
+}
+
+impl PoolingMode {
+    pub const ALL: [PoolingMode; 4] = [
+        Self::Max,
+        Self::MaxDeterministic,
+        Self::AverageCountIncludePadding,
+        Self::AverageCountExcludePadding,
+    ];
+
+    /// Whether the mode takes the maximum.
+    pub fn is_max(self) -> bool {
+        matches!(self, Self::Max | Self::MaxDeterministic)
+    }
+
+    fn kind(self) -> PoolingKind {
+        match self {
+            Self::Max | Self::MaxDeterministic => PoolingKind::Max,
+            Self::AverageCountIncludePadding => PoolingKind::AvgIncludePadding,
+            Self::AverageCountExcludePadding => PoolingKind::AvgExcludePadding,
+        }
+    }
+}
+
+/// What max pooling does with NaN (cuDNN's `maxpoolingNanOpt`); average pooling always
+/// propagates NaN, as arithmetic does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolingNanOpt {
+    /// NaNs are skipped; a window holding only NaNs gives -inf.
+    NotPropagate,
+    /// A NaN in the window makes the result NaN.
+    Propagate,
+}
+
+/// A pooling operation: mode, NaN option, and window, padding and stride per spatial dim
+/// (cuDNN's `cudnnPoolingDescriptor_t`). Validated on construction, immutable after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolingDescriptor {
+    mode: PoolingMode,
+    nan_opt: PoolingNanOpt,
+    spatial: usize,
+    window: [usize; POOLING_MAX_SPATIAL_DIMS],
+    padding: [usize; POOLING_MAX_SPATIAL_DIMS],
+    stride: [usize; POOLING_MAX_SPATIAL_DIMS],
+}
+
+/// The largest window, padding or stride (cuDNN takes them as `int`).
+const MAX_PARAMETER: usize = i32::MAX as usize;
+
+impl PoolingDescriptor {
+    /// 2-D pooling (cudnnSetPooling2dDescriptor): `[height, width]` each.
+    pub fn new_2d(
+        mode: PoolingMode,
+        nan_opt: PoolingNanOpt,
+        window: [usize; 2],
+        padding: [usize; 2],
+        stride: [usize; 2],
+    ) -> Result<Self> {
+        Self::new_nd(mode, nan_opt, &window, &padding, &stride)
+    }
+
+    /// Pooling over 1 to 3 spatial dims (cudnnSetPoolingNdDescriptor), outermost first
+    /// (`[depth, height, width]` for 3-D). Every window and stride must be >= 1 and every
+    /// padding smaller than its window, so that each window holds at least one input.
+    ///
+    /// ```
+    /// use oxidnn::{Error, PoolingDescriptor, PoolingMode, PoolingNanOpt};
+    /// let nan = PoolingNanOpt::NotPropagate;
+    /// let p = PoolingDescriptor::new_nd(PoolingMode::Max, nan, &[2, 2, 2], &[0, 0, 0], &[2, 2, 2])?;
+    /// assert_eq!(p.spatial_dims(), 3);
+    /// let e = PoolingDescriptor::new_2d(PoolingMode::Max, nan, [3, 3], [1, 1], [0, 2]).unwrap_err();
+    /// assert!(matches!(e, Error::BadParam { arg: "stride", .. }));
+    /// # Ok::<(), oxidnn::Error>(())
+    /// ```
+    pub fn new_nd(
+        mode: PoolingMode,
+        nan_opt: PoolingNanOpt,
+        window: &[usize],
+        padding: &[usize],
+        stride: &[usize],
+    ) -> Result<Self> {
+        let spatial = window.len();
+        if !(1..=POOLING_MAX_SPATIAL_DIMS).contains(&spatial) {
+            return Err(Error::bad(
+                "window",
+                format!("1 to {POOLING_MAX_SPATIAL_DIMS} spatial dims, got {spatial}"),
+            ));
+        }
+        for (arg, v) in [("padding", padding), ("stride", stride)] {
+            if v.len() != spatial {
+                return Err(Error::bad(
+                    arg,
+                    format!("{} values for a {spatial}-dim window", v.len()),
+                ));
+            }
+        }
+        for (arg, v) in [("window", window), ("padding", padding), ("stride", stride)] {
+            if let Some(i) = v.iter().position(|&e| e > MAX_PARAMETER) {
+                return Err(Error::bad(
+                    arg,
+                    format!("dim {i} is {}, more than {MAX_PARAMETER}", v[i]),
+                ));
+            }
+        }
+        for (arg, v) in [("window", window), ("stride", stride)] {
+            if let Some(i) = v.iter().position(|&e| e == 0) {
+                return Err(Error::bad(
+                    arg,
+                    format!("dim {i} is 0; every {arg} must be >= 1 ({arg} {v:?})"),
+                ));
+            }
+        }
+        if let Some(i) = (0..spatial).find(|&i| padding[i] >= window[i]) {
+            return Err(Error::bad(
+                "padding",
+                format!(
+                    "dim {i}: padding {} must be smaller than the window {} (a window must \
+                     hold at least one input)",
+                    padding[i], window[i]
+                ),
+            ));
+        }
+        let mut d = Self {
+            mode,
+            nan_opt,
+            spatial,
+            window: [1; POOLING_MAX_SPATIAL_DIMS],
+            padding: [0; POOLING_MAX_SPATIAL_DIMS],
+            stride: [1; POOLING_MAX_SPATIAL_DIMS],
+        };
+        d.window[..spatial].copy_from_slice(window);
+        d.padding[..spatial].copy_from_slice(padding);
+        d.stride[..spatial].copy_from_slice(stride);
+        Ok(d)
+    }
+
+    /// Global pooling of an input with spatial extents `spatial`: one window covering them
+    /// all, no padding (stride 1).
+    pub fn global(mode: PoolingMode, nan_opt: PoolingNanOpt, spatial: &[usize]) -> Result<Self> {
+        let padding = vec![0; spatial.len()];
+        let stride = vec![1; spatial.len()];
+        Self::new_nd(mode, nan_opt, spatial, &padding, &stride)
+    }
+
+    pub fn mode(&self) -> PoolingMode {
+        self.mode
+    }
+    pub fn nan_opt(&self) -> PoolingNanOpt {
+        self.nan_opt
+    }
+    /// Number of spatial dims (1 to 3).
+    pub fn spatial_dims(&self) -> usize {
+        self.spatial
+    }
+    pub fn window(&self) -> &[usize] {
+        &self.window[..self.spatial]
+    }
+    pub fn padding(&self) -> &[usize] {
+        &self.padding[..self.spatial]
+    }
+    pub fn stride(&self) -> &[usize] {
+        &self.stride[..self.spatial]
+    }
+}
+
+/// Dims of the pooled output of `x_desc` (cudnnGetPoolingNdForwardOutputDim): `N, C`, then
+/// `1 + (in + 2 * pad - window) / stride` per spatial dim, rounded down. `x_desc` must have
+/// two dims more than the descriptor has spatial dims, each padded extent at least the window.
+pub fn pooling_forward_output_dims(
+    pooling: &PoolingDescriptor,
+    x_desc: &TensorDescriptor,
+) -> Result<Vec<usize>> {
+    let s = pooling.spatial;
+    if x_desc.rank() != s + 2 {
+        return Err(Error::bad(
+            "x_desc",
+            format!(
+                "rank {} does not fit {s}-D pooling, whose tensors have {} dims (N, C, then \
+                 {s} spatial)",
+                x_desc.rank(),
+                s + 2
+            ),
+        ));
+    }
+    let mut dims = x_desc.dims()[..2].to_vec();
+    for i in 0..s {
+        let (input, window) = (x_desc.dims()[2 + i], pooling.window[i]);
+        let (pad, stride) = (pooling.padding[i], pooling.stride[i]);
+        let padded = input + 2 * pad;
+        if padded < window {
+            return Err(Error::bad(
+                "pooling",
+                format!(
+                    "spatial dim {i}: the window {window} is larger than the padded input \
+                     {input} + 2 * {pad} = {padded}"
+                ),
+            ));
+        }
+        dims.push(1 + (padded - window) / stride);
+    }
+    Ok(dims)
+}
+
+/// `y = alpha * pool(x) + beta * y` (cudnnPoolingForward). `y` has the dims
+/// [`pooling_forward_output_dims`] gives and x's dtype; any strides. With `beta == 0`, `y`
+/// is not read.
+#[allow(clippy::too_many_arguments)]
+pub fn pooling_forward(
+    handle: &Handle,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    y_desc: &TensorDescriptor,
+    y: &mut Buffer,
+) -> Result<()> {
+    let g = Geometry::new(pooling, x_desc)?;
+    check_pooled("y_desc", &g, x_desc, y_desc)?;
+    check_output("y_desc", y_desc)?;
+    handle.check_tensor("x", x_desc, x)?;
+    handle.check_tensor("y", y_desc, y)?;
+    let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    match &handle.backend {
+        Backend::Cpu => {
+            let xt = host_read(x_desc, x)?;
+            let mut yt = host_read(y_desc, y)?;
+            reference::pooling::forward(pooling, alpha, &xt, beta, &mut yt);
+            host_write(&yt, y)
+        }
+        Backend::Gpu(gpu) => {
+            let aligned = [x.device_address(), y.device_address()]
+                .iter()
+                .all(|a| a.is_some_and(|a| a % 16 == 0));
+            let plan = forward_plan(pooling, &g, x_desc, y_desc, aligned, gpu.sm_count)?;
+            let win = g.window_params(pooling, alpha32, beta32);
+            let ptrs = [device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?];
+            launch_forward(gpu, &plan, win, x_desc, y_desc, &ptrs)
+        }
+    }
+}
+
+/// `dx = alpha * grad + beta * dx` (cudnnPoolingBackward), where `grad` is the gradient of
+/// the pooling at `x` given `dy`: see the module docs for which element of a max window
+/// takes its gradient. `y` must be the forward output of `x` (computed with alpha 1 and
+/// beta 0) for max pooling; average pooling reads neither `x` nor `y`. `y` and `dy` have
+/// the pooled dims, `x` and `dx` the input dims, all the same dtype, any strides. With
+/// `beta == 0`, `dx` is not read.
+#[allow(clippy::too_many_arguments)]
+pub fn pooling_backward(
+    handle: &Handle,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    y_desc: &TensorDescriptor,
+    y: &Buffer,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+) -> Result<()> {
+    backward(
+        handle, None, pooling, alpha, y_desc, y, dy_desc, dy, x_desc, x, beta, dx_desc, dx,
+    )
+}
+
+/// The backward algorithms of the GPU. [`pooling_backward`] picks one; benches and tests
+/// may force one through [`pooling_backward_with`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolingBwdAlgo {
+    /// A thread per dx element (or channel vector) gathering over the windows that contain
+    /// it. Any problem.
+    Gather,
+    /// A thread per cell (the stride-sized block of dx elements at a window start), each
+    /// overlapping window visited once. Cells of at most `POOLING_MAX_CELL` elements.
+    Cell,
+    /// Max only: a block per tile of cells; each overlapping window's winner is found once,
+    /// into shared memory, then gathered by the tile's dx elements.
+    Tile,
+}
+
+impl PoolingBwdAlgo {
+    pub const ALL: [PoolingBwdAlgo; 3] = [Self::Gather, Self::Cell, Self::Tile];
+}
+
+/// [`pooling_backward`] with the GPU algorithm forced (`NotSupported` where it does not
+/// apply); the CPU handle ignores it.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn pooling_backward_with(
+    handle: &Handle,
+    algo: PoolingBwdAlgo,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    y_desc: &TensorDescriptor,
+    y: &Buffer,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+) -> Result<()> {
+    backward(
+        handle,
+        Some(algo),
+        pooling,
+        alpha,
+        y_desc,
+        y,
+        dy_desc,
+        dy,
+        x_desc,
+        x,
+        beta,
+        dx_desc,
+        dx,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    handle: &Handle,
+    algo: Option<PoolingBwdAlgo>,
+    pooling: &PoolingDescriptor,
+    alpha: f64,
+    y_desc: &TensorDescriptor,
+    y: &Buffer,
+    dy_desc: &TensorDescriptor,
+    dy: &Buffer,
+    x_desc: &TensorDescriptor,
+    x: &Buffer,
+    beta: f64,
+    dx_desc: &TensorDescriptor,
+    dx: &mut Buffer,
+) -> Result<()> {
+    let g = Geometry::new(pooling, x_desc)?;
+    check_pooled("y_desc", &g, x_desc, y_desc)?;
+    check_pooled("dy_desc", &g, x_desc, dy_desc)?;
+    check_same_dtype("dx_desc", x_desc, dx_desc)?;
+    if dx_desc.dims() != x_desc.dims() {
+        return Err(Error::bad(
+            "dx_desc",
+            format!(
+                "dims {:?} differ from x's dims {:?}",
+                dx_desc.dims(),
+                x_desc.dims()
+            ),
+        ));
+    }
+    check_output("dx_desc", dx_desc)?;
+    handle.check_tensor("y", y_desc, y)?;
+    handle.check_tensor("dy", dy_desc, dy)?;
+    handle.check_tensor("x", x_desc, x)?;
+    handle.check_tensor("dx", dx_desc, dx)?;
+    let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    match &handle.backend {
+        Backend::Cpu => {
+            let (yt, dyt, xt) = (
+                host_read(y_desc, y)?,
+                host_read(dy_desc, dy)?,
+                host_read(x_desc, x)?,
+            );
+            let mut dxt = host_read(dx_desc, dx)?;
+            reference::pooling::backward(pooling, alpha, &yt, &dyt, &xt, beta, &mut dxt);
+            host_write(&dxt, dx)
+        }
+        Backend::Gpu(gpu) => {
+            let aligned = [y, dy, x, &*dx]
+                .iter()
+                .all(|b| b.device_address().is_some_and(|a| a % 16 == 0));
+            let descs = [x_desc, y_desc, dy_desc, dx_desc];
+            let plan = backward_plan(pooling, &g, descs, aligned, gpu.sm_count, algo)?;
+            let win = g.window_params(pooling, alpha32, beta32);
+            let ptrs = [
+                device_ptr(gpu, x)?,
+                device_ptr(gpu, y)?,
+                device_ptr(gpu, dy)?,
+                device_ptr_mut(gpu, dx)?,
+            ];
+            launch_backward(gpu, &plan, win, &g, descs, &ptrs)
+        }
+    }
+}
+
+/// The kernel [`pooling_forward`] runs for these descriptors on `handle`'s GPU (buffers
+/// from [`Handle::alloc`] are always aligned enough for the vector kernels). For tests and
+/// benches that check which path a problem takes.
+#[doc(hidden)]
+pub fn pooling_forward_kernel(
+    handle: &Handle,
+    pooling: &PoolingDescriptor,
+    x_desc: &TensorDescriptor,
+    y_desc: &TensorDescriptor,
+) -> Result<&'static str> {
+    let g = Geometry::new(pooling, x_desc)?;
+    check_pooled("y_desc", &g, x_desc, y_desc)?;
+    let sm_count = gpu_of(handle)?.sm_count;
+    Ok(forward_plan(pooling, &g, x_desc, y_desc, true, sm_count)?.kernel)
+}
+
+/// The kernel [`pooling_backward`] (or, with `algo`, [`pooling_backward_with`]) runs for
+/// these descriptors (as [`pooling_forward_kernel`]).
+#[doc(hidden)]
+pub fn pooling_backward_kernel(
+    handle: &Handle,
+    algo: Option<PoolingBwdAlgo>,
+    pooling: &PoolingDescriptor,
+    x_desc: &TensorDescriptor,
+    y_desc: &TensorDescriptor,
+    dy_desc: &TensorDescriptor,
+    dx_desc: &TensorDescriptor,
+) -> Result<&'static str> {
+    let g = Geometry::new(pooling, x_desc)?;
+    check_pooled("y_desc", &g, x_desc, y_desc)?;
+    check_pooled("dy_desc", &g, x_desc, dy_desc)?;
+    let sm_count = gpu_of(handle)?.sm_count;
+    let descs = [x_desc, y_desc, dy_desc, dx_desc];
+    Ok(backward_plan(pooling, &g, descs, true, sm_count, algo)?.kernel)
+}
+
+fn gpu_of(handle: &Handle) -> Result<&Gpu> {
+    match &handle.backend {
+        Backend::Gpu(gpu) => Ok(gpu),
+        Backend::Cpu => Err(Error::bad("handle", "the CPU handle runs no kernels")),
+    }
+}
+
+/// Checks that `desc` (y or dy) has x's dtype and the pooled dims.
+fn check_pooled(
+    arg: &'static str,
+    g: &Geometry,
+    x_desc: &TensorDescriptor,
+    desc: &TensorDescriptor,
+) -> Result<()> {
+    check_same_dtype(arg, x_desc, desc)?;
+    if desc.dims() != g.output_dims.as_slice() {
+        return Err(Error::bad(
+            arg,
+            format!(
+                "dims {:?} differ from the pooled dims {:?} of x {:?}",
+                desc.dims(),
+                g.output_dims,
+                x_desc.dims()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The problem in the kernels' form
+// ---------------------------------------------------------------------------------------
+
+/// A validated problem over the five logical dims `[n, c, d, h, w]` the kernels see
+/// (missing spatial dims: extent 1, window 1, stride 1, no padding).
+struct Geometry {
+    n: usize,
+    c: usize,
+    input: [usize; 3],
+    output: [usize; 3],
+    window: [usize; 3],
+    pad: [usize; 3],
+    /// The descriptor's strides, except 1 where the output has extent 1 (a single window,
+    /// whose position no stride changes): backward cells are then as small as possible.
+    stride: [usize; 3],
+    /// The output's dims as the tensors have them.
+    output_dims: Vec<usize>,
+}
+
+impl Geometry {
+    fn new(pooling: &PoolingDescriptor, x_desc: &TensorDescriptor) -> Result<Self> {
+        let output_dims = pooling_forward_output_dims(pooling, x_desc)?;
+        let s = pooling.spatial;
+        let front = 3 - s;
+        let mut g = Self {
+            n: x_desc.dims()[0],
+            c: x_desc.dims()[1],
+            input: [1; 3],
+            output: [1; 3],
+            window: [1; 3],
+            pad: [0; 3],
+            stride: [1; 3],
+            output_dims,
+        };
+        for i in 0..s {
+            g.input[front + i] = x_desc.dims()[2 + i];
+            g.output[front + i] = g.output_dims[2 + i];
+            g.window[front + i] = pooling.window[i];
+            g.pad[front + i] = pooling.padding[i];
+            g.stride[front + i] = if g.output_dims[2 + i] == 1 {
+                1
+            } else {
+                pooling.stride[i]
+            };
+        }
+        Ok(g)
+    }
+
+    fn volume(&self) -> usize {
+        self.window.iter().product()
+    }
+
+    /// Whether the window covers the whole spatial extent without padding.
+    fn is_global(&self) -> bool {
+        (0..3).all(|k| self.window[k] == self.input[k] && self.pad[k] == 0)
+    }
+
+    /// Fails unless every extent fits the kernels' 32-bit index arithmetic.
+    fn check_gpu_limits(&self) -> Result<()> {
+        const LIMIT: usize = 1 << 30;
+        for k in 0..3 {
+            let reach = self.input[k] + 2 * self.pad[k] + self.window[k] + self.stride[k];
+            if reach >= LIMIT {
+                return Err(Error::unsupported(format!(
+                    "pooling a spatial extent {} with window {}, padding {} and stride {} on \
+                     the GPU (their sum must stay below 2^30)",
+                    self.input[k], self.window[k], self.pad[k], self.stride[k]
+                )));
+            }
+        }
+        if self.volume() >= LIMIT {
+            return Err(Error::unsupported(format!(
+                "a pooling window of {} elements on the GPU (at most 2^30 - 1)",
+                self.volume()
+            )));
+        }
+        Ok(())
+    }
+
+    fn window_params(&self, pooling: &PoolingDescriptor, alpha: f32, beta: f32) -> PoolWindow {
+        let u = |a: [usize; 3]| a.map(|v| v as u32);
+        PoolWindow {
+            kind: pooling.mode.kind() as u32,
+            propagate_nan: (pooling.nan_opt == PoolingNanOpt::Propagate) as u32,
+            alpha,
+            beta,
+            input: u(self.input),
+            output: u(self.output),
+            window: u(self.window),
+            pad: u(self.pad),
+            stride: u(self.stride),
+            inv_volume: 1.0 / self.volume() as f32,
+        }
+    }
+}
+
+/// Strides of `desc` over `[n, c, d, h, w]`, 0 for dims it lacks or where its extent is 1
+/// (no element steps along them). The kernels compute 32-bit offsets: a tensor spanning
+/// 2^32 elements or more is not supported.
+fn strides5(desc: &TensorDescriptor) -> Result<[u32; 5]> {
+    if desc.span_elements() > u32::MAX as usize {
+        return Err(Error::unsupported(format!(
+            "pooling a tensor spanning {} elements on the GPU (at most 2^32 - 1)",
+            desc.span_elements()
+        )));
+    }
+    let mut out = [0u32; 5];
+    let front = 5 - desc.rank();
+    for (i, (&n, &s)) in desc.dims().iter().zip(desc.strides()).enumerate() {
+        let slot = if i < 2 { i } else { front + i };
+        out[slot] = if n == 1 { 0 } else { s as u32 };
+    }
+    Ok(out)
+}
+
+/// Whether every operand keeps `c` contiguous in whole vectors of `k` elements: unit
+/// channel stride, every other stride a multiple of `k`, `c` a multiple of `k`.
+fn channel_vectors(c: usize, k: usize, operands: &[[u32; 5]]) -> bool {
+    c.is_multiple_of(k)
+        && operands
+            .iter()
+            .all(|s| s[1] == 1 && [0, 2, 3, 4].iter().all(|&d| s[d].is_multiple_of(k as u32)))
+}
+
+/// Whether items over a tensor with these strides should count channels innermost: its
+/// channel stride is below every spatial stride.
+fn channels_last(strides: &[u32; 5]) -> bool {
+    strides[1] != 0 && strides[2..].iter().all(|&s| s == 0 || strides[1] < s)
+}
+
+/// The stride of x's spatial elements when they form one run with a single stride (the
+/// spatial dims merge), or `None`.
+fn spatial_run(strides: &[u32; 5], input: [usize; 3]) -> Option<u32> {
+    let dims: Vec<(u64, u64)> = (0..3)
+        .filter(|&k| input[k] > 1)
+        .map(|k| (input[k] as u64, strides[2 + k] as u64))
+        .collect();
+    let merges = dims.windows(2).all(|p| p[0].1 == p[1].1 * p[1].0);
+    merges.then(|| dims.last().map_or(0, |&(_, s)| s as u32))
+}
+
+/// Work items over extents `[n, c, d, h, w]`.
+fn items(extents: [usize; 5], channels_last: bool) -> Result<PoolItems> {
+    let len: usize = extents.iter().product();
+    if len > u32::MAX as usize {
+        return Err(Error::unsupported(format!(
+            "pooling over {len} work items on the GPU (at most 2^32 - 1)"
+        )));
+    }
+    let div = |v: usize| FastDivisor::new(v as u32);
+    Ok(PoolItems {
+        len: len as u32,
+        channels_last: channels_last as u32,
+        c: div(extents[1]),
+        d: div(extents[2]),
+        h: div(extents[3]),
+        w: div(extents[4]),
+    })
+}
+
+fn unsupported(what: &str, dtype: DataType) -> Error {
+    Error::unsupported(format!("pooling {what} on {dtype} tensors on the GPU"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------
+
+enum ForwardKernel {
+    Window(PoolItems),
+    Global(PoolingGlobalParams),
+}
+
+struct ForwardPlan {
+    kernel: &'static str,
+    how: ForwardKernel,
+    cfg: LaunchConfig,
+}
+
+fn forward_plan(
+    pooling: &PoolingDescriptor,
+    g: &Geometry,
+    x_desc: &TensorDescriptor,
+    y_desc: &TensorDescriptor,
+    aligned: bool,
+    sm_count: u32,
+) -> Result<ForwardPlan> {
+    g.check_gpu_limits()?;
+    let dtype = x_desc.dtype();
+    let (xs, ys) = (strides5(x_desc)?, strides5(y_desc)?);
+    let k = 16 / dtype.size_bytes();
+    let missing = || unsupported("forward", dtype);
+    if g.is_global() {
+        if let Some(red_stride) = spatial_run(&xs, g.input) {
+            let vec = aligned && channel_vectors(g.c, k, &[xs]);
+            return global_plan(pooling, g, dtype, xs, ys, red_stride, vec, sm_count);
+        }
+    }
+    let vec = aligned && channel_vectors(g.c, k, &[xs, ys]);
+    let (c, kernel) = if vec {
+        (g.c / k, kernels::pooling_fwd_window_vec(dtype))
+    } else {
+        (g.c, kernels::pooling_fwd_window(dtype))
+    };
+    let [d, h, w] = g.output;
+    let it = items([g.n, c, d, h, w], vec || channels_last(&ys))?;
+    Ok(ForwardPlan {
+        kernel: kernel.ok_or_else(missing)?,
+        cfg: grid_stride_config(it.len as u64, sm_count)?,
+        how: ForwardKernel::Window(it),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn global_plan(
+    pooling: &PoolingDescriptor,
+    g: &Geometry,
+    dtype: DataType,
+    xs: [u32; 5],
+    ys: [u32; 5],
+    red_stride: u32,
+    vec: bool,
+    sm_count: u32,
+) -> Result<ForwardPlan> {
+    let len: usize = g.input.iter().product();
+    let outputs = g.n * g.c;
+    if outputs > u32::MAX as usize {
+        return Err(Error::unsupported(format!(
+            "global pooling into {outputs} outputs on the GPU (at most 2^32 - 1)"
+        )));
+    }
+    let missing = || unsupported("forward", dtype);
+    let mut p = PoolingGlobalParams {
+        kind: pooling.mode.kind() as u32,
+        propagate_nan: (pooling.nan_opt == PoolingNanOpt::Propagate) as u32,
+        alpha: 1.0,
+        beta: 0.0,
+        outputs: outputs as u32,
+        len: len as u32,
+        inv_len: 1.0 / len as f32,
+        group: 32,
+        c: FastDivisor::new(g.c as u32),
+        tiles: FastDivisor::new(1),
+        cols: FastDivisor::new(1),
+        rows: 1,
+        red_stride,
+        x_n: xs[0],
+        x_c: xs[1],
+        y_n: ys[0],
+        y_c: ys[1],
+    };
+    if vec {
+        // Columns of channel vectors, rows of spatial positions: as many columns as a warp
+        // has lanes, fewer while that leaves the GPU short of blocks and the rows have
+        // spatial positions to take.
+        let k = 16 / dtype.size_bytes();
+        let vectors = g.c / k;
+        let threads = BLOCK_THREADS as usize;
+        let mut cols = vectors.min(32);
+        while cols > 1
+            && g.n * vectors.div_ceil(cols) < 2 * sm_count as usize
+            && threads / (cols / 2) <= len.next_power_of_two()
+        {
+            cols /= 2;
+        }
+        let tiles = vectors.div_ceil(cols);
+        p.c = FastDivisor::new(vectors as u32);
+        p.tiles = FastDivisor::new(tiles as u32);
+        p.cols = FastDivisor::new(cols as u32);
+        p.rows = (threads / cols) as u32;
+        let blocks = (g.n * tiles) as u64;
+        return Ok(ForwardPlan {
+            kernel: kernels::pooling_fwd_global_vec(dtype).ok_or_else(missing)?,
+            cfg: LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?,
+            how: ForwardKernel::Global(p),
+        });
+    }
+    // About four elements per lane; a block per output for long reductions that leave
+    // the GPU short of warps.
+    let resident_warps = 64 * sm_count as usize;
+    let cfg = if len >= 4096 && outputs < resident_warps {
+        p.group = BLOCK_THREADS;
+        let blocks = outputs.min(32 * sm_count as usize) as u64;
+        LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?
+    } else {
+        p.group = len.div_ceil(4).next_power_of_two().clamp(1, 32) as u32;
+        let warps = (outputs as u64).div_ceil(32 / p.group as u64);
+        grid_stride_config(warps * 32, sm_count)?
+    };
+    Ok(ForwardPlan {
+        kernel: kernels::pooling_fwd_global(dtype).ok_or_else(missing)?,
+        cfg,
+        how: ForwardKernel::Global(p),
+    })
+}
+
+fn launch_forward(
+    gpu: &Gpu,
+    plan: &ForwardPlan,
+    win: PoolWindow,
+    x_desc: &TensorDescriptor,
+    y_desc: &TensorDescriptor,
+    ptrs: &[u64; 2],
+) -> Result<()> {
+    match plan.how {
+        ForwardKernel::Window(items) => {
+            let p = PoolingFwdParams {
+                win,
+                items,
+                x: strides5(x_desc)?,
+                y: strides5(y_desc)?,
+            };
+            // SAFETY: x and y hold their descriptors' spans (checked by the caller); the
+            // items cover y's dims and every window stays inside x's dims, so each offset
+            // is inside its buffer; y's offsets are distinct (check_output). The vector
+            // kernel runs only on channel-contiguous, 16-byte aligned operands.
+            unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
+        }
+        ForwardKernel::Global(mut p) => {
+            p.alpha = win.alpha;
+            p.beta = win.beta;
+            // SAFETY: as above: outputs cover (n, c) of y, reductions run over x's spatial
+            // run, inside its span.
+            unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------
+
+struct BackwardPlan {
+    kernel: &'static str,
+    algo: PoolingBwdAlgo,
+    items: PoolItems,
+    tile: PoolTile,
+    cfg: LaunchConfig,
+}
+
+/// Elements of a cell: the product of the (normalised) strides.
+fn cell_len(g: &Geometry) -> usize {
+    g.stride.iter().product()
+}
+
+/// Windows per dim that overlap one cell: `ceil(window / stride)`.
+fn windows_per_cell(g: &Geometry) -> [usize; 3] {
+    std::array::from_fn(|k| g.window[k].div_ceil(g.stride[k]))
+}
+
+/// Cells per dim: cells tile the input from the first window's start, so the last input
+/// is in cell `(in - 1 + pad) / stride`.
+fn cells(g: &Geometry) -> [usize; 3] {
+    std::array::from_fn(|k| (g.input[k] - 1 + g.pad[k]) / g.stride[k] + 1)
+}
+
+/// The algorithm [`pooling_backward`] runs (`vectors`: the operands take the 16-byte
+/// channel-vector kernels), as measured on an H100 (`benches/pooling_vs_cudnn.rs` with
+/// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
+/// elements) and not global: over channel vectors, shared-memory tiles (each window scanned
+/// once for all the cells it overlaps: 1.4x faster than cells on 3x3/s2 f16 NHWC); over
+/// single channels, a thread per cell where cells are small (a few percent faster than the
+/// tiles, which amortise less over one channel), tiles otherwise. Global pooling and larger
+/// windows: the gather. Average: the gather over channel vectors and where a cell is one
+/// element (global pooling); cells otherwise (2x faster than the gather on 2x2/s2 NCHW).
+fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
+    let cell = cell_len(g);
+    if pooling.mode.is_max() {
+        if g.is_global() || g.volume() > 64 {
+            PoolingBwdAlgo::Gather
+        } else if !vectors && cell <= POOLING_MAX_CELL {
+            PoolingBwdAlgo::Cell
+        } else {
+            PoolingBwdAlgo::Tile
+        }
+    } else if !vectors && (2..=POOLING_MAX_CELL).contains(&cell) {
+        PoolingBwdAlgo::Cell
+    } else {
+        PoolingBwdAlgo::Gather
+    }
+}
+
+/// Most dynamic shared memory a tile takes (below the 48 KB a launch may use unasked).
+const TILE_MAX_SHARED_BYTES: usize = 32 << 10;
+/// Most cells a tile holds (times its channel vectors).
+const TILE_MAX_CELLS: usize = 256;
+
+/// The tile of the shared-memory max backward for `vectors` (of `channel_vectors`) channel
+/// vectors of `k` channels per block: grown from one cell by doubling the dim whose
+/// windows overlap the tile most (preferring w, then h), while the cells and the shared
+/// memory fit. `None` if even one cell's windows do not fit.
+fn tile_plan(g: &Geometry, channel_vectors: usize, k: usize) -> Option<PoolTile> {
+    let (cells, wpc) = (cells(g), windows_per_cell(g));
+    let vectors = channel_vectors.min(8);
+    let shared = |t: &[usize; 3]| -> usize {
+        (0..3).map(|d| t[d] + wpc[d] - 1).product::<usize>() * vectors * k * 8
+    };
+    let mut t = [1usize; 3];
+    if shared(&t) > TILE_MAX_SHARED_BYTES {
+        return None;
+    }
+    loop {
+        let overhead = |d: usize| (t[d] + wpc[d] - 1) as f64 / t[d] as f64 + 1e-3 * d as f64;
+        let Some(d) = (0..3)
+            .filter(|&d| t[d] < cells[d] && t[d] < 64)
+            .max_by(|&a, &b| overhead(a).total_cmp(&overhead(b)))
+        else {
+            break;
+        };
+        let mut next = t;
+        next[d] = (t[d] * 2).min(cells[d]);
+        if next.iter().product::<usize>() * vectors > TILE_MAX_CELLS
+            || shared(&next) > TILE_MAX_SHARED_BYTES
+        {
+            break;
+        }
+        t = next;
+    }
+    let div = |v: usize| FastDivisor::new(v as u32);
+    Some(PoolTile {
+        cells: t.map(|v| v as u32),
+        count: std::array::from_fn(|d| div(cells[d].div_ceil(t[d]))),
+        windows: std::array::from_fn(|d| div(t[d] + wpc[d] - 1)),
+        elements: std::array::from_fn(|d| div(t[d] * g.stride[d])),
+        vectors: div(vectors),
+        vector_blocks: div(channel_vectors.div_ceil(vectors)),
+        channel_vectors: channel_vectors as u32,
+        window_count: (0..3).map(|d| t[d] + wpc[d] - 1).product::<usize>() as u32,
+        element_count: (0..3).map(|d| t[d] * g.stride[d]).product::<usize>() as u32,
+    })
+}
+
+fn backward_plan(
+    pooling: &PoolingDescriptor,
+    g: &Geometry,
+    [x_desc, y_desc, dy_desc, dx_desc]: [&TensorDescriptor; 4],
+    aligned: bool,
+    sm_count: u32,
+    algo: Option<PoolingBwdAlgo>,
+) -> Result<BackwardPlan> {
+    g.check_gpu_limits()?;
+    let dtype = x_desc.dtype();
+    let max = pooling.mode.is_max();
+    let strides = [x_desc, y_desc, dy_desc, dx_desc]
+        .map(strides5)
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
+    // Average pooling reads neither x nor y.
+    let read = if max { &strides[..] } else { &strides[2..] };
+    let vectors = |k: usize| aligned && channel_vectors(g.c, k, read);
+    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors(16 / dtype.size_bytes())));
+    match algo {
+        PoolingBwdAlgo::Cell if cell_len(g) > POOLING_MAX_CELL => {
+            return Err(Error::unsupported(format!(
+                "the cell backward for strides {:?} (cells of at most {POOLING_MAX_CELL} elements)",
+                pooling.stride()
+            )))
+        }
+        PoolingBwdAlgo::Tile if !max => {
+            return Err(Error::unsupported("the tile backward of average pooling"))
+        }
+        _ => {}
+    }
+    // Channels per thread: a 16-byte vector, or POOLING_CELL_VECTOR for cells (whose
+    // accumulators are a cell's elements times these).
+    let k = if algo == PoolingBwdAlgo::Cell {
+        POOLING_CELL_VECTOR
+    } else {
+        16 / dtype.size_bytes()
+    };
+    let vec = vectors(k);
+    let c = if vec { g.c / k } else { g.c };
+    use PoolingBwdAlgo::{Cell, Gather, Tile};
+    let kernel = match (algo, vec, max) {
+        (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
+        (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
+        (Cell, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
+        (Cell, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
+        (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
+        (Cell, false, false) => kernels::pooling_bwd_cell_avg(dtype),
+        (Gather, true, true) => kernels::pooling_bwd_gather_vec_max(dtype),
+        (Gather, true, false) => kernels::pooling_bwd_gather_vec_avg(dtype),
+        (Gather, false, true) => kernels::pooling_bwd_gather_max(dtype),
+        (Gather, false, false) => kernels::pooling_bwd_gather_avg(dtype),
+    }
+    .ok_or_else(|| unsupported("backward", dtype))?;
+    if algo == Tile {
+        let tile = tile_plan(g, c, if vec { k } else { 1 }).ok_or_else(|| {
+            Error::unsupported(format!(
+                "the tile backward for windows {:?} with strides {:?} (too many windows per tile)",
+                pooling.window(),
+                pooling.stride()
+            ))
+        })?;
+        let blocks = (g.n * tile.vector_blocks.divisor as usize) as u64
+            * tile.count.iter().map(|d| d.divisor as u64).product::<u64>();
+        let mut cfg = LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?;
+        cfg.shared_bytes = tile.shared_bytes(if vec { k as u32 } else { 1 });
+        return Ok(BackwardPlan {
+            kernel,
+            algo,
+            items: PoolItems::default(),
+            tile,
+            cfg,
+        });
+    }
+    let [d, h, w] = if algo == Cell { cells(g) } else { g.input };
+    let items = items([g.n, c, d, h, w], vec || channels_last(&strides[3]))?;
+    Ok(BackwardPlan {
+        kernel,
+        algo,
+        items,
+        tile: PoolTile::default(),
+        cfg: grid_stride_config(items.len as u64, sm_count)?,
+    })
+}
+
+fn launch_backward(
+    gpu: &Gpu,
+    plan: &BackwardPlan,
+    win: PoolWindow,
+    g: &Geometry,
+    [x_desc, y_desc, dy_desc, dx_desc]: [&TensorDescriptor; 4],
+    ptrs: &[u64; 4],
+) -> Result<()> {
+    let mut p = PoolingBwdParams {
+        win,
+        items: plan.items,
+        stride_div: g.stride.map(|s| FastDivisor::new(s as u32)),
+        input_hw: [g.input[1], g.input[2]].map(|v| FastDivisor::new(v as u32)),
+        windows_per_cell: windows_per_cell(g).map(|v| v as u32),
+        cell_len: 0,
+        cell_slots: [0; POOLING_MAX_CELL],
+        tile: plan.tile,
+        x: strides5(x_desc)?,
+        y: strides5(y_desc)?,
+        dy: strides5(dy_desc)?,
+        dx: strides5(dx_desc)?,
+    };
+    if plan.algo == PoolingBwdAlgo::Cell {
+        let [sd, sh, sw] = g.stride;
+        let mut j = 0;
+        for d in 0..sd {
+            for h in 0..sh {
+                for w in 0..sw {
+                    p.cell_slots[j] = (d | h << 8 | w << 16) as u32;
+                    j += 1;
+                }
+            }
+        }
+        p.cell_len = j as u32;
+    }
+    // SAFETY: every buffer holds its descriptor's span (checked by the caller); items
+    // cover dx's dims (or cells of them, whose elements are bounds-checked against x's
+    // dims before any access), windows stay inside y's and dy's dims and their elements
+    // inside x's, so every offset is inside its buffer; dx's offsets are distinct
+    // (check_output) and each is written by one thread. The vector kernels run only on
+    // channel-contiguous, 16-byte aligned operands.
+    unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
+}

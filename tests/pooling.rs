@@ -1,0 +1,1046 @@
+//! Pooling: the descriptor's rules and the output-dim query; hand cases with exact values
+//! on every handle; the GPU against the f64 reference over drawn ranks, shapes, windows,
+//! paddings, strides, layouts, dtypes, modes, NaN options and alpha/beta, forward and
+//! backward; every kernel path (global, vectorised NHWC, cells, gather) by name; the global
+//! path against the general kernel; determinism; and bad inputs on every handle.
+
+mod common;
+
+use common::*;
+use oxidnn::ops::pooling::{
+    pooling_backward_kernel, pooling_backward_with, pooling_forward_kernel, PoolingBwdAlgo,
+};
+use oxidnn::reference::pooling as reference;
+use oxidnn::*;
+use proptest::prelude::*;
+use rand::Rng;
+
+const NOT: PoolingNanOpt = PoolingNanOpt::NotPropagate;
+const PROPAGATE: PoolingNanOpt = PoolingNanOpt::Propagate;
+
+fn pool2d(mode: PoolingMode, window: usize, pad: usize, stride: usize) -> PoolingDescriptor {
+    PoolingDescriptor::new_2d(mode, NOT, [window; 2], [pad; 2], [stride; 2]).unwrap()
+}
+
+/// The pooled descriptor of `x` laid out like `x` (channels first or last).
+fn pooled(pool: &PoolingDescriptor, x: &TensorDescriptor, layout: Layout) -> TensorDescriptor {
+    let dims = pooling_forward_output_dims(pool, x).unwrap();
+    TensorDescriptor::spatial(x.dtype(), dims[0], dims[1], &dims[2..], layout).unwrap()
+}
+
+/// Runs the forward on `h` and returns y's logical elements.
+fn forward(
+    h: &Handle,
+    pool: &PoolingDescriptor,
+    x: &HostTensor,
+    y_desc: &TensorDescriptor,
+) -> Vec<f64> {
+    let xb = h.upload_tensor(x).unwrap();
+    let mut y = h.alloc(y_desc).unwrap();
+    pooling_forward(h, pool, 1.0, &x.desc, &xb, 0.0, y_desc, &mut y).unwrap();
+    h.download_tensor(y_desc, &y).unwrap().logical()
+}
+
+/// Runs the backward on `h` (y from the reference forward) and returns dx's elements.
+fn backward(h: &Handle, pool: &PoolingDescriptor, x: &HostTensor, dy: &HostTensor) -> Vec<f64> {
+    let mut y = HostTensor::filled(dy.desc, 0.0);
+    reference::forward(pool, 1.0, x, 0.0, &mut y);
+    let (xb, yb, dyb) = (
+        h.upload_tensor(x).unwrap(),
+        h.upload_tensor(&y).unwrap(),
+        h.upload_tensor(dy).unwrap(),
+    );
+    let mut dx = h.alloc(&x.desc).unwrap();
+    pooling_backward(
+        h, pool, 1.0, &dy.desc, &yb, &dy.desc, &dyb, &x.desc, &xb, 0.0, &x.desc, &mut dx,
+    )
+    .unwrap();
+    h.download_tensor(&x.desc, &dx).unwrap().logical()
+}
+
+fn nchw(
+    dt: DataType,
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    f: impl Fn(&[usize]) -> f64,
+) -> HostTensor {
+    HostTensor::from_fn(TensorDescriptor::nchw(dt, n, c, h, w).unwrap(), |i| f(i))
+}
+
+/// The dtypes a handle runs: f64 and f32 on the CPU, the GPU types on a GPU.
+fn dtypes(h: &Handle) -> Vec<DataType> {
+    if h.is_gpu() {
+        DataType::GPU.to_vec()
+    } else {
+        vec![DataType::F64, DataType::F32]
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The descriptor and the output-dim query
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn output_dims_follow_cudnns_floor_formula() {
+    let x = TensorDescriptor::nchw(DataType::F32, 32, 64, 112, 112).unwrap();
+    // ResNet-50's stem: 3x3, stride 2, padding 1: 1 + (112 + 2 - 3) / 2 = 56.
+    let stem = pool2d(PoolingMode::Max, 3, 1, 2);
+    assert_eq!(
+        pooling_forward_output_dims(&stem, &x).unwrap(),
+        [32, 64, 56, 56]
+    );
+    // The last input row/column no window reaches is dropped: 1 + (5 - 2) / 2 = 2.
+    let x5 = TensorDescriptor::nchw(DataType::F32, 1, 1, 5, 7).unwrap();
+    assert_eq!(
+        pooling_forward_output_dims(&pool2d(PoolingMode::Max, 2, 0, 2), &x5).unwrap(),
+        [1, 1, 2, 3]
+    );
+    // Rectangular windows, 3-D and 1-D.
+    let rect = PoolingDescriptor::new_2d(PoolingMode::Max, NOT, [1, 3], [0, 2], [1, 3]).unwrap();
+    assert_eq!(
+        pooling_forward_output_dims(&rect, &x5).unwrap(),
+        [1, 1, 5, 3]
+    );
+    let x3 = TensorDescriptor::spatial(DataType::F16, 8, 64, &[16, 56, 56], Layout::ChannelsLast)
+        .unwrap();
+    let cube = PoolingDescriptor::new_nd(PoolingMode::Max, NOT, &[2, 2, 2], &[0, 0, 0], &[2, 2, 2])
+        .unwrap();
+    assert_eq!(
+        pooling_forward_output_dims(&cube, &x3).unwrap(),
+        [8, 64, 8, 28, 28]
+    );
+    let x1 = TensorDescriptor::packed(DataType::F32, &[2, 3, 10]).unwrap();
+    let line = PoolingDescriptor::new_nd(PoolingMode::Max, NOT, &[4], &[1], &[3]).unwrap();
+    assert_eq!(pooling_forward_output_dims(&line, &x1).unwrap(), [2, 3, 3]);
+    // Global pooling: one output per (n, c).
+    let global =
+        PoolingDescriptor::global(PoolingMode::AverageCountIncludePadding, NOT, &[112, 112])
+            .unwrap();
+    assert_eq!(
+        pooling_forward_output_dims(&global, &x).unwrap(),
+        [32, 64, 1, 1]
+    );
+}
+
+#[test]
+fn output_dims_reject_windows_larger_than_the_padded_input_and_wrong_ranks() {
+    let x = TensorDescriptor::nchw(DataType::F32, 1, 1, 4, 4).unwrap();
+    // 4 + 2 * 1 = 6 < 7.
+    let e = pooling_forward_output_dims(&pool2d(PoolingMode::Max, 7, 1, 1), &x).unwrap_err();
+    assert!(matches!(e, Error::BadParam { arg: "pooling", .. }), "{e}");
+    // ... while exactly the padded extent fits.
+    assert_eq!(
+        pooling_forward_output_dims(&pool2d(PoolingMode::Max, 6, 1, 1), &x).unwrap(),
+        [1, 1, 1, 1]
+    );
+    let cube = PoolingDescriptor::new_nd(PoolingMode::Max, NOT, &[2, 2, 2], &[0, 0, 0], &[1, 1, 1])
+        .unwrap();
+    let e = pooling_forward_output_dims(&cube, &x).unwrap_err();
+    assert!(matches!(e, Error::BadParam { arg: "x_desc", .. }), "{e}");
+}
+
+#[test]
+fn descriptors_reject_bad_windows_paddings_and_strides() {
+    let max = PoolingMode::Max;
+    let bad = |r: Result<PoolingDescriptor>, arg: &str| match r {
+        Err(Error::BadParam { arg: a, .. }) => assert_eq!(a, arg),
+        other => panic!("expected a bad `{arg}`, got {other:?}"),
+    };
+    bad(
+        PoolingDescriptor::new_2d(max, NOT, [0, 3], [0, 0], [1, 1]),
+        "window",
+    );
+    bad(
+        PoolingDescriptor::new_2d(max, NOT, [3, 3], [0, 0], [1, 0]),
+        "stride",
+    );
+    // Padding must be smaller than the window, so every window holds an input.
+    bad(
+        PoolingDescriptor::new_2d(max, NOT, [3, 3], [3, 0], [1, 1]),
+        "padding",
+    );
+    bad(
+        PoolingDescriptor::new_2d(max, NOT, [2, 2], [0, 5], [1, 1]),
+        "padding",
+    );
+    bad(PoolingDescriptor::new_nd(max, NOT, &[], &[], &[]), "window");
+    bad(
+        PoolingDescriptor::new_nd(max, NOT, &[2; 4], &[0; 4], &[1; 4]),
+        "window",
+    );
+    bad(
+        PoolingDescriptor::new_nd(max, NOT, &[2, 2], &[0], &[1, 1]),
+        "padding",
+    );
+    bad(
+        PoolingDescriptor::new_nd(max, NOT, &[2, 2], &[0, 0], &[1, 1, 1]),
+        "stride",
+    );
+    bad(
+        PoolingDescriptor::new_nd(max, NOT, &[1 << 40], &[0], &[1]),
+        "window",
+    );
+    let p = PoolingDescriptor::new_2d(
+        PoolingMode::AverageCountExcludePadding,
+        PROPAGATE,
+        [3, 2],
+        [1, 0],
+        [2, 1],
+    )
+    .unwrap();
+    assert_eq!(
+        (p.window(), p.padding(), p.stride()),
+        (&[3, 2][..], &[1, 0][..], &[2, 1][..])
+    );
+    assert_eq!(
+        (p.mode(), p.nan_opt(), p.spatial_dims()),
+        (PoolingMode::AverageCountExcludePadding, PROPAGATE, 2)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Hand cases, every handle
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn max_and_average_of_a_4x4_image_are_exact() {
+    for h in handles() {
+        for dt in dtypes(h) {
+            // x[i][j] = 4 i + j.
+            let x = nchw(dt, 1, 1, 4, 4, |i| (4 * i[2] + i[3]) as f64);
+            let y = TensorDescriptor::nchw(dt, 1, 1, 2, 2).unwrap();
+            let max = forward(h, &pool2d(PoolingMode::Max, 2, 0, 2), &x, &y);
+            assert_eq!(max, [5.0, 7.0, 13.0, 15.0], "{dt} on {h:?}");
+            let avg = forward(
+                h,
+                &pool2d(PoolingMode::AverageCountIncludePadding, 2, 0, 2),
+                &x,
+                &y,
+            );
+            assert_eq!(avg, [2.5, 4.5, 10.5, 12.5], "{dt} on {h:?}");
+            // 3x3, stride 2, padding 1: windows clipped at the top-left border.
+            let stem = pool2d(PoolingMode::Max, 3, 1, 2);
+            assert_eq!(
+                forward(h, &stem, &x, &y),
+                [5.0, 7.0, 13.0, 15.0],
+                "{dt} on {h:?}"
+            );
+            // 2x2, stride 2, padding 1: the corner windows hold one input, edges two.
+            let y3 = TensorDescriptor::nchw(dt, 1, 1, 3, 3).unwrap();
+            let include = forward(
+                h,
+                &pool2d(PoolingMode::AverageCountIncludePadding, 2, 1, 2),
+                &x,
+                &y3,
+            );
+            assert_eq!(
+                include,
+                [0.0, 0.75, 0.75, 3.0, 7.5, 4.5, 3.0, 6.75, 3.75],
+                "{dt} on {h:?}"
+            );
+            let exclude = forward(
+                h,
+                &pool2d(PoolingMode::AverageCountExcludePadding, 2, 1, 2),
+                &x,
+                &y3,
+            );
+            assert_eq!(
+                exclude,
+                [0.0, 1.5, 3.0, 6.0, 7.5, 9.0, 12.0, 13.5, 15.0],
+                "{dt} on {h:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn max_pooling_skips_or_propagates_nan_as_asked() {
+    for h in handles() {
+        for dt in dtypes(h) {
+            // Window 0 holds a NaN among finite values, window 1 only NaNs.
+            let x = nchw(dt, 1, 1, 1, 4, |i| {
+                [1.0, f64::NAN, f64::NAN, f64::NAN][i[3]]
+            });
+            let y = TensorDescriptor::nchw(dt, 1, 1, 1, 2).unwrap();
+            let skip =
+                PoolingDescriptor::new_2d(PoolingMode::Max, NOT, [1, 2], [0, 0], [1, 2]).unwrap();
+            assert_eq!(
+                forward(h, &skip, &x, &y),
+                [1.0, f64::NEG_INFINITY],
+                "{dt} on {h:?}"
+            );
+            let keep =
+                PoolingDescriptor::new_2d(PoolingMode::Max, PROPAGATE, [1, 2], [0, 0], [1, 2])
+                    .unwrap();
+            assert!(
+                forward(h, &keep, &x, &y).iter().all(|v| v.is_nan()),
+                "{dt} on {h:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn max_backward_sends_each_windows_gradient_to_its_first_maximum() {
+    for h in handles() {
+        for dt in dtypes(h) {
+            let dy = nchw(dt, 1, 1, 1, 2, |i| [3.0, 5.0][i[3]]);
+            let pool = pool2d(PoolingMode::Max, 2, 0, 2);
+            // Window 0: a four-way tie, the first element in scan order takes it. Window
+            // 1: 7 at (0, 3) and (1, 2); row 0 comes first.
+            let x = nchw(dt, 1, 1, 2, 4, |i| {
+                [[1.0, 1.0, 2.0, 7.0], [1.0, 1.0, 7.0, 0.0]][i[2]][i[3]]
+            });
+            assert_eq!(
+                backward(h, &pool, &x, &dy),
+                [3.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0],
+                "{dt} on {h:?}"
+            );
+            // Overlapping windows (3x3, stride 1) share a maximum: its gradients add up.
+            let x = nchw(dt, 1, 1, 3, 4, |i| {
+                if i[2] == 1 && i[3] == 1 {
+                    9.0
+                } else {
+                    0.0
+                }
+            });
+            let dy = nchw(dt, 1, 1, 1, 2, |i| [3.0, 5.0][i[3]]);
+            let dx = backward(h, &pool2d(PoolingMode::MaxDeterministic, 3, 0, 1), &x, &dy);
+            assert_eq!(dx[5], 8.0, "{dt} on {h:?}");
+            assert_eq!(dx.iter().sum::<f64>(), 8.0, "{dt} on {h:?}");
+        }
+    }
+}
+
+#[test]
+fn average_backward_spreads_the_gradient_over_the_counted_elements() {
+    for h in handles() {
+        for dt in dtypes(h) {
+            // 2x2, stride 2, padding 1 on 2x2: four windows of one input each; including the
+            // padding, each input gets a quarter of its window's gradient.
+            let x = nchw(dt, 1, 1, 2, 2, |_| 1.0);
+            let dy = nchw(dt, 1, 1, 2, 2, |i| (4 + 4 * (2 * i[2] + i[3])) as f64);
+            let include = backward(
+                h,
+                &pool2d(PoolingMode::AverageCountIncludePadding, 2, 1, 2),
+                &x,
+                &dy,
+            );
+            assert_eq!(include, [1.0, 2.0, 3.0, 4.0], "{dt} on {h:?}");
+            let exclude = backward(
+                h,
+                &pool2d(PoolingMode::AverageCountExcludePadding, 2, 1, 2),
+                &x,
+                &dy,
+            );
+            assert_eq!(exclude, [4.0, 8.0, 12.0, 16.0], "{dt} on {h:?}");
+            // Overlapping 2x2 windows, stride 1, on 3x3: the centre is in all four.
+            let x = nchw(dt, 1, 1, 3, 3, |_| 0.0);
+            let dy = nchw(dt, 1, 1, 2, 2, |_| 4.0);
+            let dx = backward(
+                h,
+                &pool2d(PoolingMode::AverageCountIncludePadding, 2, 0, 1),
+                &x,
+                &dy,
+            );
+            assert_eq!(
+                dx,
+                [1.0, 2.0, 1.0, 2.0, 4.0, 2.0, 1.0, 2.0, 1.0],
+                "{dt} on {h:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn three_d_pooling_reduces_the_whole_cube() {
+    for h in handles() {
+        for dt in dtypes(h) {
+            for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                let xd = TensorDescriptor::spatial(dt, 1, 2, &[2, 2, 2], layout).unwrap();
+                // Channel c holds 8 c + 0..7 in scan order.
+                let x = HostTensor::from_fn(xd, |i| (8 * i[1] + 4 * i[2] + 2 * i[3] + i[4]) as f64);
+                let cube = PoolingDescriptor::new_nd(
+                    PoolingMode::Max,
+                    NOT,
+                    &[2, 2, 2],
+                    &[0, 0, 0],
+                    &[2, 2, 2],
+                )
+                .unwrap();
+                let yd = pooled(&cube, &xd, layout);
+                assert_eq!(
+                    forward(h, &cube, &x, &yd),
+                    [7.0, 15.0],
+                    "{dt} {layout:?} on {h:?}"
+                );
+                let dy = HostTensor::from_fn(yd, |i| (1 + i[1]) as f64);
+                let dx = backward(h, &cube, &x, &dy);
+                let mut want = vec![0.0; 16];
+                want[7] = 1.0;
+                want[15] = 2.0;
+                assert_eq!(dx, want, "{dt} {layout:?} on {h:?}");
+                let avg = PoolingDescriptor::new_nd(
+                    PoolingMode::AverageCountIncludePadding,
+                    NOT,
+                    &[2, 2, 2],
+                    &[0, 0, 0],
+                    &[2, 2, 2],
+                )
+                .unwrap();
+                assert_eq!(
+                    forward(h, &avg, &x, &yd),
+                    [3.5, 11.5],
+                    "{dt} {layout:?} on {h:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn alpha_and_beta_blend_into_the_output() {
+    for h in handles() {
+        let x = nchw(DataType::F32, 1, 1, 2, 2, |i| (2 * i[2] + i[3]) as f64);
+        let yd = TensorDescriptor::nchw(DataType::F32, 1, 1, 1, 1).unwrap();
+        let xb = h.upload_tensor(&x).unwrap();
+        let mut y = h.upload(&[10.0f32]).unwrap();
+        let pool = pool2d(PoolingMode::Max, 2, 0, 2);
+        pooling_forward(h, &pool, 2.0, &x.desc, &xb, 0.5, &yd, &mut y).unwrap();
+        assert_eq!(h.read::<f32>(&y).unwrap(), [11.0], "{h:?}");
+        // beta = 0 never reads y: NaN there does not leak.
+        let mut y = h.upload(&[f32::NAN]).unwrap();
+        pooling_forward(h, &pool, 1.0, &x.desc, &xb, 0.0, &yd, &mut y).unwrap();
+        assert_eq!(h.read::<f32>(&y).unwrap(), [3.0], "{h:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The GPU against the reference
+// ---------------------------------------------------------------------------------------
+
+/// What a drawn problem's inputs hold.
+#[derive(Clone, Copy, Debug)]
+enum Data {
+    /// Uniform in [-2, 2).
+    Uniform,
+    /// Integers 0..4: ties in most windows, exact sums.
+    SmallIntegers,
+    /// Uniform with about one NaN in 16.
+    WithNan,
+}
+
+#[derive(Clone, Debug)]
+struct Problem {
+    pool: PoolingDescriptor,
+    x: TensorDescriptor,
+    y: TensorDescriptor,
+    ab: (f64, f64),
+    data: Data,
+    seed: u64,
+}
+
+/// A memory layout of `dims`: dense channels first, dense channels last, or any dim order
+/// with gaps.
+fn any_layout(dims: Vec<usize>, dtype: DataType) -> BoxedStrategy<TensorDescriptor> {
+    let spatial = dims[2..].to_vec();
+    let (n, c) = (dims[0], dims[1]);
+    prop_oneof![
+        2 => Just(TensorDescriptor::spatial(dtype, n, c, &spatial, Layout::ChannelsFirst).unwrap()),
+        2 => Just(TensorDescriptor::spatial(dtype, n, c, &spatial, Layout::ChannelsLast).unwrap()),
+        1 => layout(dims, dtype),
+    ]
+    .boxed()
+}
+
+/// Spatial rank 1 to 3; per spatial dim an extent, a window up to 4 that fits the padded
+/// extent, a padding below it and a stride up to 3; N, C and the extents include 1 and primes.
+fn problem() -> impl Strategy<Value = Problem> {
+    let dim = (
+        prop::sample::select(vec![1usize, 2, 3, 5, 7, 8, 13]),
+        1usize..=4,
+        0usize..3,
+        1usize..=3,
+    );
+    let modes = prop::sample::select(PoolingMode::ALL.to_vec());
+    let nan = prop::sample::select(vec![NOT, PROPAGATE]);
+    let data = prop_oneof![
+        Just(Data::Uniform),
+        Just(Data::SmallIntegers),
+        Just(Data::WithNan)
+    ];
+    (
+        prop::collection::vec(dim, 1..=3),
+        prop::sample::select(vec![1usize, 2, 3]),
+        prop::sample::select(vec![1usize, 2, 3, 5, 8, 16, 24]),
+        modes,
+        nan,
+        gpu_dtype(),
+    )
+        .prop_flat_map(move |(spatial, n, c, mode, nan, dtype)| {
+            let (mut extents, mut window, mut pad, mut stride) = (vec![], vec![], vec![], vec![]);
+            for (e, k, p, s) in spatial {
+                let p = p.min(k - 1);
+                extents.push(e);
+                window.push(k.min(e + 2 * p));
+                pad.push(p);
+                stride.push(s);
+            }
+            // At most ~12K elements, for the reference's sake.
+            while n * c * extents.iter().product::<usize>() > 12_000 {
+                let i = (0..extents.len()).max_by_key(|&i| extents[i]).unwrap_or(0);
+                extents[i] = (extents[i] / 2).max(1);
+                window[i] = window[i].min(extents[i] + 2 * pad[i]);
+            }
+            let pool = PoolingDescriptor::new_nd(mode, nan, &window, &pad, &stride).unwrap();
+            let mut dims = vec![n, c];
+            dims.extend_from_slice(&extents);
+            let x0 = TensorDescriptor::packed(dtype, &dims).unwrap();
+            let ydims = pooling_forward_output_dims(&pool, &x0).unwrap();
+            (
+                Just(pool),
+                any_layout(dims, dtype),
+                any_layout(ydims, dtype),
+                alpha_beta(),
+                data.clone(),
+                any::<u64>(),
+            )
+        })
+        .prop_map(|(pool, x, y, ab, data, seed)| Problem {
+            pool,
+            x,
+            y,
+            ab,
+            data,
+            seed,
+        })
+}
+
+fn draw(desc: TensorDescriptor, data: Data, r: &mut impl Rng) -> HostTensor {
+    HostTensor::from_fn(desc, |_| match data {
+        Data::Uniform => r.gen_range(-2.0..2.0),
+        Data::SmallIntegers => r.gen_range(0..4) as f64,
+        Data::WithNan if r.gen_ratio(1, 16) => f64::NAN,
+        Data::WithNan => r.gen_range(-2.0..2.0),
+    })
+}
+
+/// Exact where the arithmetic is: max forward and max backward of integers, unblended.
+fn tolerance(p: &Problem, max_exact: bool) -> f64 {
+    if p.pool.mode().is_max() && max_exact && p.ab == (1.0, 0.0) {
+        0.0
+    } else {
+        bound(p.x.dtype())
+    }
+}
+
+fn check_forward(h: &Handle, p: &Problem) {
+    let mut r = rng(p.seed);
+    let xt = draw(p.x, p.data, &mut r);
+    let y0 = random(p.y, -1.0, 1.0, &mut r);
+    let (alpha, beta) = p.ab;
+    let x = upload_poisoned(h, &xt, false);
+    let mut y = upload_poisoned(h, &y0, beta == 0.0);
+    pooling_forward(h, &p.pool, alpha, &p.x, &x, beta, &p.y, &mut y).unwrap();
+    let mut want = y0.clone();
+    reference::forward(&p.pool, alpha, &xt, beta, &mut want);
+    let what = format!(
+        "forward {:?} {} -> {}",
+        p.pool,
+        p.x.problem_string(),
+        p.y.problem_string()
+    );
+    check(h, &p.y, &y, &want, tolerance(p, true), &what);
+}
+
+/// Checks the backward of `p` against the reference, with `algo` forced if given.
+fn check_backward(h: &Handle, p: &Problem, algo: Option<PoolingBwdAlgo>) {
+    let mut r = rng(p.seed);
+    let xt = draw(p.x, p.data, &mut r);
+    let mut yt = HostTensor::filled(p.y, 0.0);
+    reference::forward(&p.pool, 1.0, &xt, 0.0, &mut yt);
+    // dy in y's layout; integers where the data are, so that max sums are exact.
+    let dyt = match p.data {
+        Data::SmallIntegers => HostTensor::from_fn(p.y, |_| r.gen_range(1..8) as f64),
+        _ => random(p.y, -1.0, 1.0, &mut r),
+    };
+    let dx0 = random(p.x, -1.0, 1.0, &mut r);
+    let (alpha, beta) = p.ab;
+    let (x, y, dy) = (
+        upload_poisoned(h, &xt, false),
+        upload_poisoned(h, &yt, false),
+        upload_poisoned(h, &dyt, false),
+    );
+    let mut dx = upload_poisoned(h, &dx0, beta == 0.0);
+    match algo {
+        None => pooling_backward(
+            h, &p.pool, alpha, &p.y, &y, &p.y, &dy, &p.x, &x, beta, &p.x, &mut dx,
+        ),
+        Some(a) => pooling_backward_with(
+            h, a, &p.pool, alpha, &p.y, &y, &p.y, &dy, &p.x, &x, beta, &p.x, &mut dx,
+        ),
+    }
+    .unwrap();
+    let mut want = dx0.clone();
+    reference::backward(&p.pool, alpha, &yt, &dyt, &xt, beta, &mut want);
+    let exact = matches!(p.data, Data::SmallIntegers);
+    let kernel = pooling_backward_kernel(h, algo, &p.pool, &p.x, &p.y, &p.y, &p.x).unwrap();
+    let what = format!(
+        "backward ({kernel}) {:?} {} <- {}",
+        p.pool,
+        p.x.problem_string(),
+        p.y.problem_string()
+    );
+    check(h, &p.x, &dx, &want, tolerance(p, exact), &what);
+}
+
+proptest! {
+    #![proptest_config(gpu_cases(160))]
+
+    #[test]
+    fn gpu_forward_matches_reference(p in problem()) {
+        with_gpu("gpu_forward_matches_reference", |h| check_forward(h, &p));
+    }
+
+    #[test]
+    fn gpu_backward_matches_reference(p in problem()) {
+        with_gpu("gpu_backward_matches_reference", |h| check_backward(h, &p, None));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Every path by name
+// ---------------------------------------------------------------------------------------
+
+/// A problem on dense tensors of `layout`, with the data and blend given.
+fn dense_problem(
+    pool: PoolingDescriptor,
+    dtype: DataType,
+    dims: &[usize],
+    layout: Layout,
+    data: Data,
+    ab: (f64, f64),
+) -> Problem {
+    let x = TensorDescriptor::spatial(dtype, dims[0], dims[1], &dims[2..], layout).unwrap();
+    Problem {
+        y: pooled(&pool, &x, layout),
+        pool,
+        x,
+        ab,
+        data,
+        seed: dims.iter().sum::<usize>() as u64,
+    }
+}
+
+/// Every kernel, forward and each backward algorithm, on shapes that reach it: global and
+/// windowed, channels first and last (vectorised where C allows), 1-D to 3-D, overlapping
+/// and disjoint windows, against the reference for every mode and dtype.
+#[test]
+fn gpu_every_kernel_matches_the_reference() {
+    with_gpu("gpu_every_kernel_matches_the_reference", |h| {
+        let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
+        // (window, padding, stride, dims, layout, forward kernel)
+        type Case = (
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            Layout,
+            &'static str,
+        );
+        let cases: [Case; 11] = [
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 17, 19],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 16, 17, 19],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 17, 19],
+                last,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                &[2, 3, 11, 13],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[3, 3],
+                &[0, 0],
+                &[3, 3],
+                &[2, 16, 11, 13],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[2, 2, 2],
+                &[0, 1, 0],
+                &[2, 2, 2],
+                &[2, 16, 5, 6, 7],
+                last,
+                "pooling_fwd_window_vec_",
+            ),
+            (
+                &[2, 2, 2],
+                &[1, 0, 1],
+                &[2, 2, 2],
+                &[2, 3, 5, 6, 7],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (&[4], &[1], &[3], &[3, 5, 23], first, "pooling_fwd_window_"),
+            (
+                &[7, 7],
+                &[0, 0],
+                &[1, 1],
+                &[3, 5, 7, 7],
+                first,
+                "pooling_fwd_global_",
+            ),
+            (
+                &[7, 7],
+                &[0, 0],
+                &[7, 7],
+                &[3, 32, 7, 7],
+                last,
+                "pooling_fwd_global_vec_",
+            ),
+            // A long reduction over few (n, c): a block per output.
+            (
+                &[96, 96],
+                &[0, 0],
+                &[1, 1],
+                &[1, 3, 96, 96],
+                first,
+                "pooling_fwd_global_",
+            ),
+        ];
+        for (window, padding, stride, dims, layout, fwd) in cases {
+            // 16 and 32 channels take whole vectors of every width; 3 and 5 none.
+            let vec = layout == last && dims[1] % 8 == 0;
+            let cell: usize = stride.iter().product();
+            let global = window == &dims[2..] && padding.iter().all(|&p| p == 0);
+            let volume: usize = window.iter().product();
+            for mode in PoolingMode::ALL {
+                let pool =
+                    PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
+                for dt in DataType::GPU {
+                    let unblended = (1.0, 0.0);
+                    for (data, ab) in [
+                        (Data::Uniform, unblended),
+                        (Data::SmallIntegers, unblended),
+                        (Data::WithNan, unblended),
+                        (Data::Uniform, (-1.5, 0.25)),
+                    ] {
+                        let p = dense_problem(pool, dt, dims, layout, data, ab);
+                        let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                        assert_eq!(f, format!("{fwd}{dt}"), "forward kernel of {p:?}");
+                        check_forward(h, &p);
+                        check_backward(h, &p, None);
+                        for algo in PoolingBwdAlgo::ALL {
+                            let applies = match algo {
+                                PoolingBwdAlgo::Gather => true,
+                                // Cells of at most 8 elements (global strides count as 1).
+                                PoolingBwdAlgo::Cell => global || cell <= 8,
+                                // Max, with one cell's windows in 32 KB of shared memory.
+                                PoolingBwdAlgo::Tile => mode.is_max() && (volume <= 64 || !global),
+                            };
+                            let b = pooling_backward_kernel(
+                                h,
+                                Some(algo),
+                                &p.pool,
+                                &p.x,
+                                &p.y,
+                                &p.y,
+                                &p.x,
+                            );
+                            if !applies {
+                                assert!(
+                                    matches!(b, Err(Error::NotSupported { .. })),
+                                    "{algo:?} on {p:?}: {b:?}"
+                                );
+                                continue;
+                            }
+                            let b = b.unwrap();
+                            let family = format!("{algo:?}").to_lowercase();
+                            let m = if mode.is_max() { "max" } else { "avg" };
+                            let want = if vec {
+                                format!("pooling_bwd_{family}_vec_{m}_{dt}")
+                            } else {
+                                format!("pooling_bwd_{family}_{m}_{dt}")
+                            };
+                            assert_eq!(b, want, "backward kernel of {p:?}");
+                            check_backward(h, &p, Some(algo));
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn gpu_headline_shapes_take_the_fast_paths() {
+    with_gpu("gpu_headline_shapes_take_the_fast_paths", |h| {
+        let stem = pool2d(PoolingMode::Max, 3, 1, 2);
+        for (dt, layout, fwd, bwd) in [
+            (
+                DataType::F32,
+                Layout::ChannelsFirst,
+                "pooling_fwd_window_f32",
+                "pooling_bwd_cell_max_f32",
+            ),
+            (
+                DataType::F16,
+                Layout::ChannelsLast,
+                "pooling_fwd_window_vec_f16",
+                "pooling_bwd_tile_vec_max_f16",
+            ),
+        ] {
+            let x = TensorDescriptor::spatial(dt, 32, 64, &[112, 112], layout).unwrap();
+            let y = pooled(&stem, &x, layout);
+            assert_eq!(pooling_forward_kernel(h, &stem, &x, &y).unwrap(), fwd);
+            assert_eq!(
+                pooling_backward_kernel(h, None, &stem, &x, &y, &y, &x).unwrap(),
+                bwd
+            );
+        }
+    });
+}
+
+/// The global fast path against the general kernel: the same values stored with gaps
+/// between rows cannot take the global reduction and run the window kernel.
+#[test]
+fn gpu_global_path_matches_the_general_kernel() {
+    with_gpu("gpu_global_path_matches_the_general_kernel", |h| {
+        for dt in DataType::GPU {
+            for mode in PoolingMode::ALL {
+                for (layout, spatial) in [
+                    (Layout::ChannelsFirst, [7usize, 7]),
+                    (Layout::ChannelsLast, [7, 7]),
+                    (Layout::ChannelsFirst, [2, 50]),
+                ] {
+                    let (n, c) = (4, 64);
+                    let pool = PoolingDescriptor::global(mode, PROPAGATE, &spatial).unwrap();
+                    let dense = TensorDescriptor::spatial(dt, n, c, &spatial, layout).unwrap();
+                    // Each row of w padded by 3 elements (channels first) or each position
+                    // by a vector of channels (channels last).
+                    let gapped = match layout {
+                        Layout::ChannelsFirst => {
+                            let w = spatial[1] + 3;
+                            TensorDescriptor::new(
+                                dt,
+                                &[n, c, spatial[0], spatial[1]],
+                                &[c * spatial[0] * w, spatial[0] * w, w, 1],
+                            )
+                            .unwrap()
+                        }
+                        Layout::ChannelsLast => {
+                            let cs = c + 8;
+                            TensorDescriptor::new(
+                                dt,
+                                &[n, c, spatial[0], spatial[1]],
+                                &[
+                                    spatial[0] * (spatial[1] + 1) * cs,
+                                    1,
+                                    (spatial[1] + 1) * cs,
+                                    cs,
+                                ],
+                            )
+                            .unwrap()
+                        }
+                    };
+                    let y = pooled(&pool, &dense, Layout::ChannelsFirst);
+                    let fast = pooling_forward_kernel(h, &pool, &dense, &y).unwrap();
+                    let general = pooling_forward_kernel(h, &pool, &gapped, &y).unwrap();
+                    assert!(fast.starts_with("pooling_fwd_global"), "{fast}");
+                    assert!(general.starts_with("pooling_fwd_window"), "{general}");
+                    let mut r = rng(7);
+                    let values = draw(
+                        TensorDescriptor::packed(dt, &[n, c, spatial[0], spatial[1]]).unwrap(),
+                        Data::Uniform,
+                        &mut r,
+                    );
+                    let copy = |d: TensorDescriptor| HostTensor::from_fn(d, |i| values.get(i));
+                    let a = forward(h, &pool, &copy(dense), &y);
+                    let b = forward(h, &pool, &copy(gapped), &y);
+                    let tol = if mode.is_max() { 0.0 } else { 4.0 * bound(dt) };
+                    let (ta, tb) = (
+                        HostTensor::from_fn(y, |i| a[y.offset_of(i)]),
+                        HostTensor::from_fn(y, |i| b[y.offset_of(i)]),
+                    );
+                    let err = rel_error(&ta, &tb);
+                    assert!(
+                        err <= tol,
+                        "{mode:?} {dt} {layout:?} {spatial:?}: global vs window differ by {err:e}"
+                    );
+                    let mut want = HostTensor::filled(y, 0.0);
+                    reference::forward(&pool, 1.0, &copy(dense), 0.0, &mut want);
+                    assert!(
+                        rel_error(&ta, &want) <= bound(dt).max(tol),
+                        "{mode:?} {dt}: global vs reference"
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn gpu_backward_is_deterministic() {
+    with_gpu("gpu_backward_is_deterministic", |h| {
+        for mode in [PoolingMode::Max, PoolingMode::AverageCountExcludePadding] {
+            let p = dense_problem(
+                pool2d(mode, 3, 1, 2),
+                DataType::F32,
+                &[4, 8, 57, 59],
+                Layout::ChannelsFirst,
+                Data::Uniform,
+                (1.0, 0.0),
+            );
+            let mut r = rng(3);
+            let x = draw(p.x, p.data, &mut r);
+            let dy = random(p.y, -1.0, 1.0, &mut r);
+            let first = backward(h, &p.pool, &x, &dy);
+            for _ in 0..3 {
+                assert_eq!(backward(h, &p.pool, &x, &dy), first, "{mode:?}");
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad inputs, every handle
+// ---------------------------------------------------------------------------------------
+
+fn assert_bad(e: Error, arg: &str) {
+    match &e {
+        Error::BadParam { arg: a, .. } | Error::BufferTooSmall { arg: a, .. } => {
+            assert_eq!(*a, arg, "{e}")
+        }
+        _ => panic!("expected an error naming `{arg}`, got {e}"),
+    }
+}
+
+#[test]
+fn bad_inputs_are_rejected_with_errors_naming_the_argument() {
+    for h in handles() {
+        let f32_ = DataType::F32;
+        let xd = TensorDescriptor::nchw(f32_, 2, 3, 8, 8).unwrap();
+        let yd = TensorDescriptor::nchw(f32_, 2, 3, 4, 4).unwrap();
+        let pool = pool2d(PoolingMode::Max, 2, 0, 2);
+        let (x, y) = (h.alloc(&xd).unwrap(), h.alloc(&yd).unwrap());
+        let (dy, mut dx, mut out) = (
+            h.alloc(&yd).unwrap(),
+            h.alloc(&xd).unwrap(),
+            h.alloc(&yd).unwrap(),
+        );
+        let fwd = |pool: &PoolingDescriptor,
+                   xd: &TensorDescriptor,
+                   x: &Buffer,
+                   yd: &TensorDescriptor,
+                   out: &mut Buffer| {
+            pooling_forward(h, pool, 1.0, xd, x, 0.0, yd, out).unwrap_err()
+        };
+        // The window is larger than the padded input.
+        let big = pool2d(PoolingMode::Max, 9, 0, 1);
+        assert_bad(fwd(&big, &xd, &x, &yd, &mut out), "pooling");
+        // Output dims that are not the pooled dims; another dtype; another rank.
+        let wrong = TensorDescriptor::nchw(f32_, 2, 3, 4, 5).unwrap();
+        assert_bad(fwd(&pool, &xd, &x, &wrong, &mut out), "y_desc");
+        let half = TensorDescriptor::nchw(DataType::F16, 2, 3, 4, 4).unwrap();
+        assert_bad(fwd(&pool, &xd, &x, &half, &mut out), "y_desc");
+        let rank5 = TensorDescriptor::packed(f32_, &[2, 3, 1, 4, 4]).unwrap();
+        assert_bad(fwd(&pool, &xd, &x, &rank5, &mut out), "y_desc");
+        let x5 = TensorDescriptor::packed(f32_, &[2, 3, 1, 8, 8]).unwrap();
+        assert_bad(fwd(&pool, &x5, &x, &yd, &mut out), "x_desc");
+        // An output whose elements overlap.
+        let overlapping = TensorDescriptor::new(f32_, &[2, 3, 4, 4], &[16, 16, 4, 1]).unwrap();
+        assert_bad(fwd(&pool, &xd, &x, &overlapping, &mut out), "y_desc");
+        // Short buffers.
+        let short_x = h.alloc_bytes(xd.size_bytes() - 4).unwrap();
+        assert_bad(fwd(&pool, &xd, &short_x, &yd, &mut out), "x");
+        let mut short_y = h.alloc_bytes(yd.size_bytes() - 1).unwrap();
+        assert_bad(fwd(&pool, &xd, &x, &yd, &mut short_y), "y");
+        // Non-finite blending factors.
+        let e = pooling_forward(h, &pool, f64::NAN, &xd, &x, 0.0, &yd, &mut out).unwrap_err();
+        assert_bad(e, "alpha");
+        let e = pooling_forward(h, &pool, 1.0, &xd, &x, f64::INFINITY, &yd, &mut out).unwrap_err();
+        assert_bad(e, "beta");
+
+        let bwd = |yd: &TensorDescriptor,
+                   y: &Buffer,
+                   dyd: &TensorDescriptor,
+                   dy: &Buffer,
+                   xd: &TensorDescriptor,
+                   x: &Buffer,
+                   dxd: &TensorDescriptor,
+                   dx: &mut Buffer| {
+            pooling_backward(h, &pool, 1.0, yd, y, dyd, dy, xd, x, 0.0, dxd, dx).unwrap_err()
+        };
+        assert_bad(bwd(&wrong, &y, &yd, &dy, &xd, &x, &xd, &mut dx), "y_desc");
+        assert_bad(bwd(&yd, &y, &wrong, &dy, &xd, &x, &xd, &mut dx), "dy_desc");
+        assert_bad(bwd(&yd, &y, &half, &dy, &xd, &x, &xd, &mut dx), "dy_desc");
+        let wrong_dx = TensorDescriptor::nchw(f32_, 2, 3, 8, 7).unwrap();
+        assert_bad(
+            bwd(&yd, &y, &yd, &dy, &xd, &x, &wrong_dx, &mut dx),
+            "dx_desc",
+        );
+        let half_dx = TensorDescriptor::nchw(DataType::F16, 2, 3, 8, 8).unwrap();
+        assert_bad(
+            bwd(&yd, &y, &yd, &dy, &xd, &x, &half_dx, &mut dx),
+            "dx_desc",
+        );
+        assert_bad(bwd(&yd, &y, &yd, &dy, &x5, &x, &xd, &mut dx), "x_desc");
+        let short = h.alloc_bytes(yd.size_bytes() - 4).unwrap();
+        assert_bad(bwd(&yd, &short, &yd, &dy, &xd, &x, &xd, &mut dx), "y");
+        assert_bad(bwd(&yd, &y, &yd, &short, &xd, &x, &xd, &mut dx), "dy");
+        assert_bad(bwd(&yd, &y, &yd, &dy, &xd, &short_x, &xd, &mut dx), "x");
+        let mut short_dx = h.alloc_bytes(xd.size_bytes() - 2).unwrap();
+        assert_bad(bwd(&yd, &y, &yd, &dy, &xd, &x, &xd, &mut short_dx), "dx");
+        // A buffer of another handle.
+        let other = Handle::cpu();
+        let foreign = other.alloc(&xd).unwrap();
+        assert_bad(fwd(&pool, &xd, &foreign, &yd, &mut out), "x");
+    }
+}
+
+#[test]
+fn gpu_rejects_f64_tensors_as_unsupported() {
+    with_gpu("gpu_rejects_f64_tensors_as_unsupported", |h| {
+        let xd = TensorDescriptor::nchw(DataType::F64, 1, 1, 4, 4).unwrap();
+        let yd = TensorDescriptor::nchw(DataType::F64, 1, 1, 2, 2).unwrap();
+        let (x, mut y) = (h.alloc(&xd).unwrap(), h.alloc(&yd).unwrap());
+        let e = pooling_forward(
+            h,
+            &pool2d(PoolingMode::Max, 2, 0, 2),
+            1.0,
+            &xd,
+            &x,
+            0.0,
+            &yd,
+            &mut y,
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+    });
+}
