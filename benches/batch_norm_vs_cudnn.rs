@@ -913,12 +913,7 @@ impl Report {
         let ox_gbps = ox_us.map(|t| gb_per_s(row.bytes, t));
         let cu_gbps = cu_us.map(|t| gb_per_s(row.bytes, t));
         let pct = ox_gbps.map(|g| 100.0 * g / self.copy_gbps);
-        let (check, err) = match row.check {
-            Check::Ok(e) => ("ok", Some(e)),
-            Check::Mismatch(e) => ("MISMATCH", Some(e)),
-            Check::NoReference => ("unchecked", None),
-            Check::Error => ("error", None),
-        };
+        let (check, err) = row.check.label();
         let err_text = err.map_or_else(String::new, |e| format!("{e:.1e}"));
         println!(
             "{:<16} {:<9} {:<15} {:>9.1} {:>10} {:>7} {:>6} {:>10} {:>7} {:>7}  {check} {err_text}",

@@ -833,12 +833,7 @@ impl Report {
         let ox_gbps = ox_us.map(|t| gb_per_s(row.bytes, t));
         let cu_gbps = cu_us.map(|t| gb_per_s(row.bytes, t));
         let pct = ox_gbps.map(|g| 100.0 * g / self.copy_gbps);
-        let (check, value) = match row.check {
-            Check::Ok(e) => ("ok", Some(e)),
-            Check::Mismatch(e) => ("MISMATCH", Some(e)),
-            Check::NoReference => ("unchecked", None),
-            Check::Error => ("error", None),
-        };
+        let (check, value) = row.check.label();
         let value_text = match value {
             Some(v) if row.op.is_dropout() => format!("keep rate within {v:.2} sigma"),
             Some(v) => format!("{v:.1e}"),

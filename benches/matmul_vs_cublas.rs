@@ -791,12 +791,7 @@ impl Report {
         let tf = |us: Option<f64>| us.map(|t| tflops(flops, t));
         let pct = |us: Option<f64>| tf(us).map(|t| 100.0 * t / peak);
         let algo = |a: Option<MatmulAlgo>| a.map_or_else(|| "-".to_string(), algo_name);
-        let (check, err) = match row.check {
-            Check::Ok(e) => ("ok", Some(e)),
-            Check::Mismatch(e) => ("MISMATCH", Some(e)),
-            Check::NoReference => ("unchecked", None),
-            Check::Error => ("error", None),
-        };
+        let (check, err) = row.check.label();
         let err_text = err.map_or_else(String::new, |e| format!("{e:.1e}"));
         println!(
             "{:<4} {:<6} {:<16} {:>9} {:>7} {:>5} {:<7} | {:>9} {:<7} | {:>9} {:>7} {:>5} | {:>5} {:>5}  {check} {err_text}",

@@ -877,12 +877,7 @@ impl Report {
         let cu_us = row.cudnn.us();
         let gbps = |t: Option<f64>| t.map(|t| gb_per_s(row.bytes, t));
         let pct = gbps(ox_us).map(|g| 100.0 * g / self.copy_gbps);
-        let (check, err) = match row.check {
-            Check::Ok(e) => ("ok", Some(e)),
-            Check::Mismatch(e) => ("MISMATCH", Some(e)),
-            Check::NoReference => ("unchecked", None),
-            Check::Error => ("error", None),
-        };
+        let (check, err) = row.check.label();
         let err_text = err.map_or_else(String::new, |e| format!("{e:.1e}"));
         println!(
             "{:<28} {:<5} {:<11} {:>8.1} {:>9} {:>6} {:>6} {:>9} {:>6} {:>9} {:>6}  {check} {err_text}",

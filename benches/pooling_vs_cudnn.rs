@@ -667,12 +667,7 @@ impl Report {
         let ox_gbps = row.oxidnn.map(|t| gb_per_s(row.bytes, t));
         let cu_gbps = row.cudnn.map(|t| gb_per_s(row.bytes, t));
         let pct = ox_gbps.map(|g| 100.0 * g / self.copy_gbps);
-        let (check, err) = match row.check {
-            Check::Ok(e) => ("ok", Some(e)),
-            Check::Mismatch(e) => ("MISMATCH", Some(e)),
-            Check::NoReference => ("unchecked", None),
-            Check::Error => ("error", None),
-        };
+        let (check, err) = row.check.label();
         let err_text = err.map_or_else(String::new, |e| format!("{e:.1e}"));
         println!(
             "{:<4} {:<16} {:<9} {:<15} {:>8.1} {:>10} {:>6} {:>6} {:>10} {:>6} {:>6}  {check} {err_text}",

@@ -426,6 +426,17 @@ pub enum Check {
 }
 
 impl Check {
+    /// The check's label for tables and CSVs (`ok`, `MISMATCH`, `unchecked`, `error`) and
+    /// the compared value, where there is one.
+    pub fn label(&self) -> (&'static str, Option<f64>) {
+        match *self {
+            Check::Ok(e) => ("ok", Some(e)),
+            Check::Mismatch(e) => ("MISMATCH", Some(e)),
+            Check::NoReference => ("unchecked", None),
+            Check::Error => ("error", None),
+        }
+    }
+
     /// Compares oxidnn's output bytes with the vendor's (when it ran): a relative error
     /// norm within `tolerance` is `Ok`.
     pub fn compare(
