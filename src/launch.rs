@@ -252,21 +252,6 @@ impl Gpu {
         Ok(threads.max(0) as u32)
     }
 
-    /// How many blocks of `block` threads of `kernel` fit on one SM at once (for grids that
-    /// should fill the GPU exactly once, e.g. kernels that leave one partial result per
-    /// block).
-    pub(crate) fn resident_blocks_per_sm(&self, kernel: &'static str, block: u32) -> Result<u32> {
-        let f = self.function(kernel, 0)?;
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        // SAFETY: `f` is a valid function of the loaded module.
-        let blocks =
-            unsafe { result::occupancy::max_active_block_per_multiprocessor(f.0, block as i32, 0) }
-                .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
-        Ok(blocks.max(1) as u32)
-    }
-
     /// Launches `kernel(params, pointers..)` on the handle's stream.
     ///
     /// # Safety

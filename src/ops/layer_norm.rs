@@ -439,7 +439,7 @@ impl BwdLaunch {
             // streamed kernels, whose slots are long rows, twice per SM at most).
             let resident = match plan.kernel {
                 RowKernel::Streamed { .. } => 2,
-                _ => gpu.resident_blocks_per_sm(kernel, plan.block)?,
+                _ => gpu.resident_blocks(kernel, plan.block, 0)?,
             };
             plan.blocks.min(resident * gpu.sm_count.max(1))
         } else {
