@@ -7,9 +7,11 @@ use crate::dtype::HostElement;
 use crate::error::{Error, Result};
 use crate::host_tensor::HostTensor;
 use crate::launch::Gpu;
+use crate::ops::convolution::ConvFwdAlgoPerf;
 use cudarc::driver::CudaStream;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -27,6 +29,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Handle {
     id: u64,
     pub(crate) backend: Backend,
+    /// Rankings of `find_convolution_forward_algorithm`, per problem.
+    conv_find: Mutex<HashMap<String, Vec<ConvFwdAlgoPerf>>>,
 }
 
 pub(crate) enum Backend {
@@ -52,6 +56,7 @@ impl Handle {
         Ok(Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             backend: Backend::Gpu(Box::new(gpu)),
+            conv_find: Mutex::default(),
         })
     }
 
@@ -60,6 +65,7 @@ impl Handle {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             backend: Backend::Cpu,
+            conv_find: Mutex::default(),
         }
     }
 
@@ -259,6 +265,17 @@ impl Handle {
         buf.check_holds("buf", desc)?;
         let bytes = self.read_bytes(buf)?;
         Ok(HostTensor::from_bytes(*desc, &bytes))
+    }
+
+    /// The cached `find_convolution_forward_algorithm` ranking of problem `key`.
+    pub(crate) fn cached_conv_find(&self, key: &str) -> Option<Vec<ConvFwdAlgoPerf>> {
+        let cache = self.conv_find.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(key).cloned()
+    }
+
+    pub(crate) fn cache_conv_find(&self, key: String, ranked: Vec<ConvFwdAlgoPerf>) {
+        let mut cache = self.conv_find.lock().unwrap_or_else(|p| p.into_inner());
+        cache.insert(key, ranked);
     }
 
     /// Checks that `buf` was made by this handle.

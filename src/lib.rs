@@ -51,6 +51,13 @@ pub use ops::batch_norm::{
     derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
     RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
 };
+pub use ops::convolution::{
+    convolution_bias_activation_forward, convolution_forward, convolution_forward_output_dims,
+    convolution_forward_with, convolution_forward_workspace_size,
+    find_convolution_forward_algorithm, get_convolution_forward_algorithm, ConvBias, ConvEpilogue,
+    ConvFwdAlgo, ConvFwdAlgoPerf, ConvMode, ConvolutionDescriptor, FilterDescriptor, FilterLayout,
+    CONV_MAX_SPATIAL,
+};
 pub use ops::dropout::{
     dropout_backward, dropout_forward, dropout_generator_state, dropout_reserve_space_size,
     dropout_states_size, DropoutDescriptor, DropoutGeneratorState,
@@ -64,8 +71,9 @@ pub use ops::lrn::{
     LRN_MIN_K, LRN_MIN_N,
 };
 pub use ops::matmul::{
-    find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MatmulAlgo, MatmulAlgoPerf,
-    MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
+    find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MathType, MatmulAlgo,
+    MatmulAlgoPerf, MatmulBias, MatmulDescriptor, MatmulEpilogue, MatmulMath, MatmulResidual,
+    Residual,
 };
 pub use ops::pooling::{
     pooling_backward, pooling_forward, pooling_forward_output_dims, PoolingDescriptor, PoolingMode,

@@ -18,6 +18,7 @@
 pub mod device;
 pub mod element;
 pub mod elementwise;
+pub mod epilogue;
 pub mod gemm;
 pub mod math;
 #[cfg(not(feature = "sm90a"))]
@@ -26,6 +27,8 @@ pub mod rows;
 pub mod activation;
 #[cfg(not(feature = "sm90a"))]
 pub mod batch_norm;
+#[cfg(not(feature = "sm90a"))]
+pub mod convolution;
 #[cfg(not(feature = "sm90a"))]
 pub mod dropout;
 #[cfg(not(feature = "sm90a"))]

@@ -15,6 +15,7 @@ use crate::device::{
     thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
+use crate::epilogue;
 use crate::gemm::{
     fma_stage_bytes, fma_tile, mma_stage_bytes, mma_tile, swizzled, Epilogue, Gather, MmaElement,
     MmaShape, RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, FMA_THREADS,
@@ -27,8 +28,7 @@ use crate::{
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, ActivationKind,
-    BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, WGMMA_BM, WGMMA_THREADS};
@@ -341,48 +341,45 @@ impl MatmulEpilogue {
             && p.out.col == 1
             && (out.add(at as usize) as usize) % (2 * core::mem::size_of::<O>()) == 0;
         let count = if both { 2 } else { 1 };
-        let mut x = [p.alpha * v[0], p.alpha * v[1]];
-        if p.beta != 0.0 {
-            let old = if paired {
-                O::load_pair(out.add(at as usize))
-            } else {
-                let second = if both {
-                    O::load(out.add((at + p.out.col) as usize))
+        let x = epilogue::apply(
+            &p.ops,
+            v,
+            O::LOW_PRECISION,
+            || {
+                if paired {
+                    O::load_pair(out.add(at as usize))
                 } else {
-                    0.0
-                };
-                [O::load(out.add(at as usize)), second]
-            };
-            x = [x[0] + p.beta * old[0], x[1] + p.beta * old[1]];
-        }
-        let bias = self.bias as *const O;
-        match BiasMode::from_u32(p.bias) {
-            BiasMode::None => {}
-            BiasMode::PerRow => {
-                let b = O::load(bias.add(r as usize));
-                x = [x[0] + b, x[1] + b];
-            }
-            BiasMode::PerColumn => {
+                    let second = if both {
+                        O::load(out.add((at + p.out.col) as usize))
+                    } else {
+                        0.0
+                    };
+                    [O::load(out.add(at as usize)), second]
+                }
+            },
+            |mode| {
+                let bias = self.bias as *const O;
+                let mut b = [0.0; 2];
+                if mode == BiasMode::PerRow {
+                    b = [O::load(bias.add(r as usize)); 2];
+                } else {
+                    unrolled!(j in 2 => if j < count {
+                        b[j] = O::load(bias.add(c as usize + j));
+                    });
+                }
+                b
+            },
+            || {
+                let z = self.z as *const O;
+                let zl = &p.residual;
+                let mut zv = [0.0; 2];
                 unrolled!(j in 2 => if j < count {
-                    x[j] += O::load(bias.add(c as usize + j));
+                    let zo = r as u64 * zl.row + (c as u64 + j as u64) * zl.col;
+                    zv[j] = O::load(z.add(zo as usize));
                 });
-            }
-        }
-        if p.residual_scale != 0.0 {
-            let z = self.z as *const O;
-            let zl = &p.residual;
-            unrolled!(j in 2 => if j < count {
-                let zo = r as u64 * zl.row + (c as u64 + j as u64) * zl.col;
-                x[j] += p.residual_scale * O::load(z.add(zo as usize));
-            });
-        }
-        let kind = ActivationKind::from_u32(p.activation);
-        if kind != ActivationKind::Identity {
-            x = [
-                activate(kind, p.act_coef, x[0], O::LOW_PRECISION),
-                activate(kind, p.act_coef, x[1], O::LOW_PRECISION),
-            ];
-        }
+                zv
+            },
+        );
         if paired {
             O::store_pair(out.add(at as usize), x);
         } else {
@@ -392,13 +389,6 @@ impl MatmulEpilogue {
             }
         }
     }
-}
-
-/// The epilogue's activation, out of line: one copy shared by every matmul kernel instead
-/// of one per kernel and output type (it runs once per output element, after the loop).
-#[inline(never)]
-fn activate(kind: ActivationKind, coef: f32, x: f32, low: bool) -> f32 {
-    crate::activation::forward(kind, coef, x, low)
 }
 
 impl Epilogue for MatmulEpilogue {
@@ -412,7 +402,7 @@ impl Epilogue for MatmulEpilogue {
         if r >= self.m || c >= self.n {
             return;
         }
-        match OutputType::from_u32(self.p.out_type) {
+        match OutputType::from_u32(self.p.ops.out_type) {
             OutputType::F32 => self.finish::<f32>(r, c, v),
             OutputType::F16 => self.finish::<F16>(r, c, v),
             OutputType::Bf16 => self.finish::<Bf16>(r, c, v),
@@ -432,7 +422,7 @@ unsafe fn for_each_batch(
     let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
     let (row0, col0) = (tm * bm, tn * bn);
     let ep = &p.epilogue;
-    let out_bytes = match OutputType::from_u32(ep.out_type) {
+    let out_bytes = match OutputType::from_u32(ep.ops.out_type) {
         OutputType::F32 => 4,
         _ => 2,
     };

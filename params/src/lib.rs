@@ -7,6 +7,7 @@
 #![no_std]
 
 mod batch_norm;
+mod convolution;
 mod divisor;
 mod dropout;
 mod index_map;
@@ -23,6 +24,7 @@ pub use batch_norm::{
     BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
+pub use convolution::{ConvFwdParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS};
 pub use divisor::FastDivisor;
 pub use dropout::{
     dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,
@@ -40,8 +42,8 @@ pub use lrn::{
 };
 pub use matmul::{
     fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
-    wgmma_stages, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
-    FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
+    wgmma_stages, BiasMode, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout,
+    OutputType, FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
 };
 pub use philox::philox4x32_10;
 pub use pooling::{

@@ -66,29 +66,38 @@ impl OutputType {
     }
 }
 
-/// What the epilogue does with accumulator `acc` of output element `(r, c)`:
+/// What the epilogue does with accumulator `acc` of an output element:
 ///
 /// `D = act(alpha * acc + beta * C + bias + residual_scale * Z)`, where `C` is the old
 /// content of `D` (read only when `beta != 0`), `bias` per [`BiasMode`], `Z` read only
 /// when `residual_scale != 0`; `act` is an [`crate::ActivationKind`] with `act_coef`.
 /// This is `cudnnConvolutionBiasActivationForward`'s order (residual and bias before the
-/// activation) and cuBLASLt's (`beta * C` before it).
+/// activation) and cuBLASLt's (`beta * C` before it). Shared by matmul and convolution;
+/// where the elements lie is each op's own business.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EpilogueParams {
-    pub out: OutputLayout,
-    pub residual: OutputLayout,
+pub struct EpilogueOps {
     pub alpha: f32,
     pub beta: f32,
     pub residual_scale: f32,
     pub act_coef: f32,
     /// An [`crate::ActivationKind`].
     pub activation: u32,
-    /// A [`BiasMode`].
+    /// A [`BiasMode`] (convolution: `PerColumn` = one bias per output channel).
     pub bias: u32,
     /// An [`OutputType`].
     pub out_type: u32,
     pub _pad: u32,
+}
+
+/// The matmul epilogue: [`EpilogueOps`] on a result `D` and residual `Z` laid out as
+/// [`OutputLayout`]s say.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EpilogueParams {
+    pub out: OutputLayout,
+    pub residual: OutputLayout,
+    pub ops: EpilogueOps,
 }
 
 /// Parameters of `matmul_*`: `D[b] = epilogue(op(A)[b] x op(B)[b])` for `b < batch`, with

@@ -43,13 +43,15 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_threads, wgmma_shared_bytes, EpilogueParams,
-    MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_THREADS, WGMMA_THREADS,
+    fma_shared_bytes, mma_shared_bytes, mma_threads, wgmma_shared_bytes, EpilogueOps,
+    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_THREADS,
+    WGMMA_THREADS,
 };
 
-/// The arithmetic of a matmul (cuDNN's math type), always the caller's explicit choice.
+/// The arithmetic of a matmul or convolution (cuDNN's math type), always the caller's
+/// explicit choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MatmulMath {
+pub enum MathType {
     /// f32 inputs, f32 FMA on CUDA cores: exact f32 arithmetic (f64 on the CPU handle).
     Fma,
     /// f32 inputs rounded to tf32 (10-bit mantissa) on tensor cores, f32 accumulation:
@@ -59,8 +61,11 @@ pub enum MatmulMath {
     TensorOp,
 }
 
-impl MatmulMath {
-    /// The math a matmul on `dtype` inputs uses unless told otherwise: exact FMA for f32
+/// The matmul's name for [`MathType`].
+pub type MatmulMath = MathType;
+
+impl MathType {
+    /// The math a matmul (or convolution) on `dtype` inputs uses unless told otherwise: exact FMA for f32
     /// (and f64), tensor cores for f16/bf16. Never tf32.
     pub fn default_for(dtype: DataType) -> Self {
         match dtype {
@@ -167,14 +172,17 @@ pub struct MatmulBias<'a> {
     pub data: &'a Buffer,
 }
 
-/// A residual `Z` of `C`'s dims and dtype (any strides), added as `scale * Z` before the
-/// activation (cudnnConvolutionBiasActivationForward's `alpha2 * z`).
+/// A residual `Z` of the output's dims and dtype (any strides), added as `scale * Z` before
+/// the activation (cudnnConvolutionBiasActivationForward's `alpha2 * z`).
 #[derive(Clone, Copy, Debug)]
-pub struct MatmulResidual<'a> {
+pub struct Residual<'a> {
     pub scale: f64,
     pub desc: &'a TensorDescriptor,
     pub data: &'a Buffer,
 }
+
+/// The matmul's name for [`Residual`].
+pub type MatmulResidual<'a> = Residual<'a>;
 
 /// What the matmul does to each result before storing it; `Default` is nothing (identity
 /// activation, no bias, no residual).
@@ -182,7 +190,7 @@ pub struct MatmulResidual<'a> {
 pub struct MatmulEpilogue<'a> {
     pub activation: ActivationDescriptor,
     pub bias: Option<MatmulBias<'a>>,
-    pub residual: Option<MatmulResidual<'a>>,
+    pub residual: Option<Residual<'a>>,
 }
 
 /// One timed candidate of [`find_matmul_algorithm`].
@@ -680,18 +688,14 @@ impl Problem {
             epilogue: EpilogueParams {
                 out: p.c,
                 residual: p.residual,
-                alpha,
-                beta,
-                residual_scale: ep.residual.map_or(0.0, |z| z.scale as f32),
-                act_coef: ep.activation.coef() as f32,
-                activation: ep.activation.mode() as u32,
-                bias: bias_mode as u32,
-                out_type: match p.output {
-                    DataType::F16 => OutputType::F16,
-                    DataType::BF16 => OutputType::Bf16,
-                    _ => OutputType::F32,
-                } as u32,
-                _pad: 0,
+                ops: epilogue_ops(
+                    &ep.activation,
+                    ep.residual.map_or(0.0, |z| z.scale),
+                    alpha,
+                    beta,
+                    bias_mode,
+                    p.output,
+                ),
             },
             m: p.m as u32,
             n: p.n as u32,
@@ -731,5 +735,31 @@ impl Problem {
             MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
             _ => mma_shared_bytes(bm as u32, bn as u32),
         }
+    }
+}
+
+/// The epilogue arithmetic of a matmul (or of a convolution, which shares it) writing
+/// `output`-typed results.
+pub(crate) fn epilogue_ops(
+    activation: &ActivationDescriptor,
+    residual_scale: f64,
+    alpha: f32,
+    beta: f32,
+    bias: BiasMode,
+    output: DataType,
+) -> EpilogueOps {
+    EpilogueOps {
+        alpha,
+        beta,
+        residual_scale: residual_scale as f32,
+        act_coef: activation.coef() as f32,
+        activation: activation.mode() as u32,
+        bias: bias as u32,
+        out_type: match output {
+            DataType::F16 => OutputType::F16,
+            DataType::BF16 => OutputType::Bf16,
+            _ => OutputType::F32,
+        } as u32,
+        _pad: 0,
     }
 }

@@ -654,7 +654,7 @@ fn channel_vectors(c: usize, k: usize, operands: &[[u32; 5]]) -> bool {
 
 /// Whether items over a tensor with these strides should count channels innermost: its
 /// channel stride is below every spatial stride.
-fn channels_last(strides: &[u32; 5]) -> bool {
+pub(crate) fn channels_last(strides: &[u32; 5]) -> bool {
     strides[1] != 0 && strides[2..].iter().all(|&s| s == 0 || strides[1] < s)
 }
 
@@ -669,12 +669,12 @@ fn spatial_run(strides: &[u32; 5], input: [usize; 3]) -> Option<u32> {
     merges.then(|| dims.last().map_or(0, |&(_, s)| s as u32))
 }
 
-/// Work items over extents `[n, c, d, h, w]`.
-fn items(extents: [usize; 5], channels_last: bool) -> Result<PoolItems> {
+/// Work items over extents `[n, c, d, h, w]` (shared with convolution's direct kernels).
+pub(crate) fn items(extents: [usize; 5], channels_last: bool) -> Result<PoolItems> {
     let len: usize = extents.iter().product();
     if len > u32::MAX as usize {
         return Err(Error::unsupported(format!(
-            "pooling over {len} work items on the GPU (at most 2^32 - 1)"
+            "a launch over {len} work items on the GPU (at most 2^32 - 1)"
         )));
     }
     let div = |v: usize| FastDivisor::new(v as u32);

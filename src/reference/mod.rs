@@ -4,6 +4,7 @@
 
 pub mod activation;
 pub mod batch_norm;
+pub mod convolution;
 pub mod dropout;
 pub mod layer_norm;
 pub mod lrn;

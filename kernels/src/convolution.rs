@@ -1,0 +1,9 @@
+//! Convolution forward (`conv_fwd_<algo>_<dtype>`), mirrored by `src/ops/convolution.rs`.
+//! Every algorithm computes the convolution [`oxidnn_params::ConvGeometry`] defines and
+//! finishes each output element through the shared [`crate::epilogue`] (bias one per
+//! output channel), so the algorithms differ only in how they walk the sums:
+//!
+//! * [`direct`]: one thread per output element, any layout, strides, groups, dims; the
+//!   always-correct fallback.
+
+pub mod direct;

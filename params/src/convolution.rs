@@ -1,0 +1,115 @@
+//! Parameters of the convolution kernels (`conv_*`).
+//!
+//! Every convolution kernel sees 3 spatial dims `[d, h, w]`: a 2-D convolution has `d` of
+//! extent 1 (filter 1, stride 1, no padding), a 1-D one `d` and `h`. Tensors are 5-D:
+//! x `[n, c, d, h, w]`, the filter `[k, c / groups, t, r, s]`, y and the residual z
+//! `[n, k, p0, p1, p2]`; strides are in elements, 32-bit (the host checks that every
+//! tensor spans fewer than 2^31 elements).
+
+use crate::{EpilogueOps, FastDivisor, PoolItems};
+
+/// The convolution itself: output element `(n, k, o)` (`o` spatial) sums, over the
+/// `c_per_group` channels of `k`'s group and the filter taps `f`, `x[n, g * c_per_group
+/// + c, i] * w[k, c, f']`, where `i[j] = o[j] * stride[j] - pad[j] + f[j] * dilation[j]`
+/// (taps with `i` outside the input contribute 0) and `f' = f` (cross-correlation) or the
+/// reversed tap `filter - 1 - f` (convolution, `flip == 1`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConvGeometry {
+    pub n: u32,
+    pub c: u32,
+    pub k: u32,
+    pub groups: u32,
+    pub c_per_group: u32,
+    pub k_per_group: u32,
+    /// 1: convolution mode (the filter is applied reversed); 0: cross-correlation.
+    pub flip: u32,
+    pub _pad: u32,
+    pub input: [u32; 3],
+    pub output: [u32; 3],
+    pub filter: [u32; 3],
+    pub pad: [u32; 3],
+    pub stride: [u32; 3],
+    pub dilation: [u32; 3],
+    /// Strides of x over `[n, c, d, h, w]`.
+    pub x: [u32; 5],
+    /// Strides of the filter over `[k, c, t, r, s]`.
+    pub w: [u32; 5],
+    /// Strides of y over `[n, k, p0, p1, p2]`.
+    pub y: [u32; 5],
+    /// Strides of the residual z over y's dims (unused when the epilogue has none).
+    pub z: [u32; 5],
+}
+
+impl ConvGeometry {
+    /// Filter taps per output element and group channel: `t * r * s`.
+    #[inline(always)]
+    pub fn taps(&self) -> u32 {
+        self.filter[0] * self.filter[1] * self.filter[2]
+    }
+
+    /// The input coordinate that filter tap `f` of spatial dim `j` reads for output
+    /// coordinate `o`, or `None` where it falls in the padding.
+    #[inline(always)]
+    pub fn input_at(&self, j: usize, o: u32, f: u32) -> Option<u32> {
+        let i = (o * self.stride[j] + f * self.dilation[j]) as i64 - self.pad[j] as i64;
+        if i >= 0 && i < self.input[j] as i64 {
+            Some(i as u32)
+        } else {
+            None
+        }
+    }
+
+    /// The filter index tap `f` of spatial dim `j` reads (reversed in convolution mode).
+    #[inline(always)]
+    pub fn filter_at(&self, j: usize, f: u32) -> u32 {
+        if self.flip != 0 {
+            self.filter[j] - 1 - f
+        } else {
+            f
+        }
+    }
+}
+
+/// Parameters of `conv_fwd_direct_*`: one thread per output element, items counted over
+/// y's dims `[n, k, p0, p1, p2]` in y's memory order (see [`PoolItems`]), each through
+/// the epilogue `ops` (bias one per output channel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvFwdParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    pub items: PoolItems,
+}
+
+/// Threads per block of the direct kernels.
+pub const CONV_DIRECT_THREADS: u32 = 256;
+
+/// The `[n, p0, p1, p2]` of flat output pixel `m` (row `m` of an implicit GEMM whose rows
+/// are y's pixels, `n` slowest).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PixelIndex {
+    pub p0: FastDivisor,
+    pub p1: FastDivisor,
+    pub p2: FastDivisor,
+}
+
+impl PixelIndex {
+    pub fn new(output: [u32; 3]) -> Self {
+        Self {
+            p0: FastDivisor::new(output[0]),
+            p1: FastDivisor::new(output[1]),
+            p2: FastDivisor::new(output[2]),
+        }
+    }
+
+    /// `(n, [o0, o1, o2])` of pixel `m`.
+    #[inline(always)]
+    pub fn at(&self, m: u32) -> (u32, [u32; 3]) {
+        let (q, o2) = self.p2.div_rem(m);
+        let (q, o1) = self.p1.div_rem(q);
+        let (n, o0) = self.p0.div_rem(q);
+        (n, [o0, o1, o2])
+    }
+}

@@ -1,0 +1,728 @@
+//! Convolution forward: the descriptors' rules and the output-dim query; exact hand cases
+//! on every handle; every algorithm the heuristic accepts against the f64 reference over
+//! drawn shapes (1 and primes), paddings (including pad >= filter), strides, dilations,
+//! groups (depthwise included), layouts (NCHW, NHWC, strided), dtypes, math types, modes,
+//! alpha/beta and fused epilogues; exact integer results for algorithms that do not
+//! round; find's ranking and cache; and bad inputs on every handle.
+
+mod common;
+
+use common::*;
+use oxidnn::reference::convolution as reference;
+use oxidnn::*;
+use proptest::prelude::*;
+use rand::Rng;
+
+const XCORR: ConvMode = ConvMode::CrossCorrelation;
+
+fn conv2d(pad: usize, stride: usize, dilation: usize, math: MathType) -> ConvolutionDescriptor {
+    ConvolutionDescriptor::new(&[pad; 2], &[stride; 2], &[dilation; 2], XCORR, math).unwrap()
+}
+
+/// One drawn problem.
+#[derive(Clone, Debug)]
+struct Case {
+    dtype: DataType,
+    math: MathType,
+    conv: ConvolutionDescriptor,
+    x: TensorDescriptor,
+    w: FilterDescriptor,
+    y: TensorDescriptor,
+    alpha: f64,
+    beta: f64,
+    bias: bool,
+    residual: bool,
+    activation: ActivationDescriptor,
+}
+
+impl Case {
+    /// Multiply-adds per output element.
+    fn reduction(&self) -> usize {
+        self.w.dims()[1..].iter().product()
+    }
+
+    /// The error bound for `algo` on this case.
+    fn tolerance(&self, perf: &ConvFwdAlgoPerf) -> f64 {
+        let len = self.reduction() as f64;
+        let base = match (self.dtype, self.math) {
+            (DataType::F32, MathType::Tf32) => 2e-3,
+            (DataType::F32, _) => 1e-6 * len.sqrt().max(10.0),
+            (dt, _) => bound(dt) * 2.0,
+        };
+        if perf.reduced_precision {
+            base.max(5e-3) * 4.0
+        } else {
+            base
+        }
+    }
+}
+
+/// A layout for a rank-`2 + s` tensor: NCHW, NHWC or a drawn strided one.
+fn activation_layout(dims: Vec<usize>, dtype: DataType) -> impl Strategy<Value = TensorDescriptor> {
+    let (n, c, sp) = (dims[0], dims[1], dims[2..].to_vec());
+    prop_oneof![
+        2 => Just(TensorDescriptor::spatial(dtype, n, c, &sp, Layout::ChannelsFirst).unwrap()),
+        2 => Just(TensorDescriptor::spatial(dtype, n, c, &sp, Layout::ChannelsLast).unwrap()),
+        1 => layout(dims, dtype),
+    ]
+}
+
+fn math_for(dtype: DataType) -> BoxedStrategy<MathType> {
+    match dtype {
+        DataType::F32 => prop_oneof![3 => Just(MathType::Fma), 1 => Just(MathType::Tf32)].boxed(),
+        _ => prop_oneof![3 => Just(MathType::TensorOp), 1 => Just(MathType::Fma)].boxed(),
+    }
+}
+
+fn small() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(1usize),
+        Just(2),
+        Just(3),
+        Just(5),
+        Just(7),
+        Just(8),
+        Just(13)
+    ]
+}
+
+/// A drawn geometry: batch, groups, channels per group, and per spatial dim the filter,
+/// padding, stride, dilation and input extent.
+#[derive(Clone, Debug)]
+struct Shape {
+    n: usize,
+    groups: usize,
+    c_per_group: usize,
+    k_per_group: usize,
+    filter: Vec<usize>,
+    pad: Vec<usize>,
+    stride: Vec<usize>,
+    dilation: Vec<usize>,
+    input: Vec<usize>,
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    let per_dim = (
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(5)], // filter
+        0usize..=4,                                           // pad (may exceed the filter)
+        prop_oneof![3 => Just(1usize), 1 => Just(2), 1 => Just(3)], // stride
+        prop_oneof![3 => Just(1usize), 1 => Just(2)],         // dilation
+        prop_oneof![Just(1usize), Just(4), Just(7), Just(9), Just(16)], // input
+    );
+    (
+        1usize..=3,                                           // spatial dims
+        prop_oneof![Just(1usize), Just(2), Just(3)],          // n
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(4)], // groups
+        small(),                                              // c per group
+        small(),                                              // k per group
+        prop_oneof![3 => Just(false), 1 => Just(true)],       // depthwise
+        prop::collection::vec(per_dim, 3),
+    )
+        .prop_filter_map(
+            "the filter must fit in the padded input",
+            |(s, n, g, cg, kg, depthwise, dims)| {
+                let dims = &dims[..s];
+                let fits = dims
+                    .iter()
+                    .all(|&(f, p, _, d, i)| (f - 1) * d + 1 <= i + 2 * p);
+                let pick = |k: usize| -> Vec<usize> {
+                    dims.iter().map(|t| [t.0, t.1, t.2, t.3, t.4][k]).collect()
+                };
+                let (groups, c_per_group, k_per_group) = if depthwise {
+                    (cg * g, 1, kg.min(2))
+                } else {
+                    (g, cg, kg)
+                };
+                fits.then(|| Shape {
+                    n,
+                    groups,
+                    c_per_group,
+                    k_per_group,
+                    filter: pick(0),
+                    pad: pick(1),
+                    stride: pick(2),
+                    dilation: pick(3),
+                    input: pick(4),
+                })
+            },
+        )
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let epilogue = (
+        alpha_beta(),
+        any::<bool>(),
+        prop_oneof![2 => Just(false), 1 => Just(true)],
+        prop_oneof![
+            2 => Just(ActivationDescriptor::identity()),
+            1 => Just(ActivationDescriptor::relu()),
+            1 => Just(ActivationDescriptor::silu()),
+        ],
+    );
+    (
+        shape(),
+        gpu_dtype(),
+        prop_oneof![3 => Just(XCORR), 1 => Just(ConvMode::Convolution)],
+        epilogue,
+    )
+        .prop_flat_map(|(sh, dtype, mode, ((alpha, beta), bias, residual, act))| {
+            let x_dims = [vec![sh.n, sh.groups * sh.c_per_group], sh.input.clone()].concat();
+            (
+                math_for(dtype),
+                prop_oneof![Just(FilterLayout::Kcrs), Just(FilterLayout::Krsc)],
+                activation_layout(x_dims, dtype),
+                any::<bool>(), // y channels-last
+            )
+                .prop_map(move |(math, fl, x, y_last)| {
+                    let conv =
+                        ConvolutionDescriptor::new(&sh.pad, &sh.stride, &sh.dilation, mode, math)
+                            .unwrap()
+                            .with_groups(sh.groups)
+                            .unwrap();
+                    let w = FilterDescriptor::new(
+                        dtype,
+                        fl,
+                        sh.groups * sh.k_per_group,
+                        sh.c_per_group,
+                        &sh.filter,
+                    )
+                    .unwrap();
+                    let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+                    let layout = if y_last {
+                        Layout::ChannelsLast
+                    } else {
+                        Layout::ChannelsFirst
+                    };
+                    let y =
+                        TensorDescriptor::spatial(dtype, yd[0], yd[1], &yd[2..], layout).unwrap();
+                    Case {
+                        dtype,
+                        math,
+                        conv,
+                        x,
+                        w,
+                        y,
+                        alpha,
+                        beta,
+                        bias,
+                        residual,
+                        activation: act,
+                    }
+                })
+        })
+}
+
+/// Inputs of a case: x, w, the old y, bias and z, drawn in `[lo, hi)` (integers when
+/// `integers`).
+struct Inputs {
+    x: HostTensor,
+    w: HostTensor,
+    y0: HostTensor,
+    bias: Option<HostTensor>,
+    z: Option<HostTensor>,
+}
+
+impl Inputs {
+    fn draw(case: &Case, integers: bool, rng: &mut impl Rng) -> Self {
+        let mut draw = |desc: TensorDescriptor| {
+            if integers {
+                HostTensor::from_fn(desc, |_| rng.gen_range(-3i32..=3) as f64)
+            } else {
+                random(desc, -1.0, 1.0, rng)
+            }
+        };
+        let k = case.y.dims()[1];
+        Inputs {
+            x: draw(case.x),
+            w: draw(*case.w.tensor()),
+            y0: draw(case.y),
+            bias: case
+                .bias
+                .then(|| draw(TensorDescriptor::packed(case.dtype, &[1, k, 1, 1]).unwrap())),
+            z: case.residual.then(|| draw(case.y)),
+        }
+    }
+
+    fn reference(&self, case: &Case) -> HostTensor {
+        let mut y = self.y0.clone();
+        reference::forward(
+            &case.conv,
+            case.alpha,
+            &self.x,
+            &self.w,
+            case.beta,
+            &mut y,
+            self.bias.as_ref(),
+            self.z.as_ref().map(|z| (0.75, z)),
+            &case.activation,
+        );
+        y
+    }
+}
+
+/// Runs `algo` on `h` and checks y against `want` within `tol` (gaps untouched).
+fn run_and_check(
+    h: &Handle,
+    case: &Case,
+    inputs: &Inputs,
+    algo: ConvFwdAlgo,
+    want: &HostTensor,
+    tol: f64,
+) {
+    let xb = h.upload_tensor(&inputs.x).unwrap();
+    let wb = h.upload_tensor(&inputs.w).unwrap();
+    let mut yb = upload_poisoned(h, &inputs.y0, case.beta == 0.0);
+    let bias = inputs
+        .bias
+        .as_ref()
+        .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
+    let z = inputs
+        .z
+        .as_ref()
+        .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
+    let ws_bytes =
+        convolution_forward_workspace_size(h, &case.x, &case.w, &case.conv, &case.y, algo).unwrap();
+    let mut ws = h.alloc_bytes(ws_bytes.max(1)).unwrap();
+    let epilogue = ConvEpilogue {
+        activation: case.activation,
+        bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
+        residual: z.as_ref().map(|(desc, data)| Residual {
+            scale: 0.75,
+            desc,
+            data,
+        }),
+    };
+    convolution_forward_with(
+        h,
+        case.alpha,
+        &case.x,
+        &xb,
+        &case.w,
+        &wb,
+        &case.conv,
+        algo,
+        Some(&mut ws),
+        case.beta,
+        &case.y,
+        &mut yb,
+        &epilogue,
+    )
+    .unwrap_or_else(|e| panic!("{algo:?} failed: {e}"));
+    check(h, &case.y, &yb, want, tol, &format!("{algo:?} {case:?}"));
+}
+
+proptest! {
+    #![proptest_config(gpu_cases(120))]
+
+    /// Every algorithm the heuristic lists for a drawn problem matches the reference.
+    #[test]
+    fn every_accepted_algorithm_matches_the_reference(case in case(), seed in any::<u64>()) {
+        with_gpu("every_accepted_algorithm_matches_the_reference", |h| {
+            let inputs = Inputs::draw(&case, false, &mut rng(seed));
+            let want = inputs.reference(&case);
+            let algos = get_convolution_forward_algorithm(h, &case.x, &case.w, &case.conv, &case.y).unwrap();
+            assert_eq!(algos.last().map(|p| p.algo), Some(ConvFwdAlgo::Direct));
+            for perf in &algos {
+                run_and_check(h, &case, &inputs, perf.algo, &want, case.tolerance(perf));
+            }
+        });
+    }
+
+    /// With small integers every algorithm that does not round its operands is exact.
+    #[test]
+    fn exact_algorithms_are_exact_on_integers(case in case(), seed in any::<u64>()) {
+        with_gpu("exact_algorithms_are_exact_on_integers", |h| {
+            let mut case = case;
+            case.activation = ActivationDescriptor::relu();
+            (case.alpha, case.beta) = (1.0, if case.beta != 0.0 { 1.0 } else { 0.0 });
+            let inputs = Inputs::draw(&case, true, &mut rng(seed));
+            let want = inputs.reference(&case);
+            // Sums of products of integers in [-3, 3] stay exact in f32 (and in 16-bit
+            // outputs while they are small, which the reduction length bounds here).
+            let exact_output = case.dtype == DataType::F32 || case.reduction() * 9 <= 256;
+            for perf in get_convolution_forward_algorithm(h, &case.x, &case.w, &case.conv, &case.y).unwrap() {
+                if perf.reduced_precision || !exact_output {
+                    continue;
+                }
+                run_and_check(h, &case, &inputs, perf.algo, &want, 0.0);
+            }
+        });
+    }
+}
+
+#[test]
+fn output_dims_follow_cudnn() {
+    let x = TensorDescriptor::nchw(DataType::F32, 2, 3, 224, 224).unwrap();
+    let w = FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 64, 3, &[7, 7]).unwrap();
+    let conv = conv2d(3, 2, 1, MathType::Fma);
+    assert_eq!(
+        convolution_forward_output_dims(&conv, &x, &w).unwrap(),
+        [2, 64, 112, 112]
+    );
+    // Dilation 2 makes a 3x3 filter span 5: (7 + 2 - 5) / 1 + 1 = 5.
+    let x = TensorDescriptor::nchw(DataType::F32, 1, 4, 7, 7).unwrap();
+    let w = FilterDescriptor::new(DataType::F32, FilterLayout::Krsc, 8, 2, &[3, 3]).unwrap();
+    let conv = conv2d(1, 1, 2, MathType::Fma).with_groups(2).unwrap();
+    assert_eq!(
+        convolution_forward_output_dims(&conv, &x, &w).unwrap(),
+        [1, 8, 5, 5]
+    );
+    // 3-D and 1-D.
+    let x =
+        TensorDescriptor::spatial(DataType::F32, 1, 2, &[5, 6, 7], Layout::ChannelsLast).unwrap();
+    let w = FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 3, 2, &[3, 3, 3]).unwrap();
+    let conv = ConvolutionDescriptor::new(&[0, 1, 2], &[1, 2, 3], &[1, 1, 1], XCORR, MathType::Fma)
+        .unwrap();
+    assert_eq!(
+        convolution_forward_output_dims(&conv, &x, &w).unwrap(),
+        [1, 3, 3, 3, 3]
+    );
+    let x = TensorDescriptor::packed(DataType::F32, &[1, 1, 10]).unwrap();
+    let w = FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 1, 1, &[4]).unwrap();
+    let conv = ConvolutionDescriptor::new(&[0], &[3], &[1], XCORR, MathType::Fma).unwrap();
+    assert_eq!(
+        convolution_forward_output_dims(&conv, &x, &w).unwrap(),
+        [1, 1, 3]
+    );
+}
+
+/// A 1-channel 3x3 image and a 2x2 filter `[[1, 2], [3, 4]]`, both modes, with a bias,
+/// a residual and a relu: exact on every handle, through every accepted algorithm.
+#[test]
+fn hand_case_is_exact_on_every_handle() {
+    for h in handles() {
+        let dtypes: &[DataType] = if h.is_gpu() {
+            &DataType::GPU
+        } else {
+            &[DataType::F64, DataType::F32]
+        };
+        for &dt in dtypes {
+            for (mode, want) in [
+                // cross-correlation: y[0,0] = 1*1 + 2*2 + 3*4 + 4*5 = 37, ...
+                (XCORR, [37.0, 47.0, 67.0, 77.0]),
+                // convolution: the filter reversed, [[4, 3], [2, 1]].
+                (ConvMode::Convolution, [23.0, 33.0, 53.0, 63.0]),
+            ] {
+                let math = MathType::default_for(dt);
+                let x_desc = TensorDescriptor::nchw(dt, 1, 1, 3, 3).unwrap();
+                let w_desc = FilterDescriptor::new(dt, FilterLayout::Kcrs, 1, 1, &[2, 2]).unwrap();
+                let conv =
+                    ConvolutionDescriptor::new(&[0, 0], &[1, 1], &[1, 1], mode, math).unwrap();
+                let y_desc = TensorDescriptor::nchw(dt, 1, 1, 2, 2).unwrap();
+                let x = h
+                    .upload_tensor(&HostTensor::from_fn(x_desc, |i| {
+                        (i[2] * 3 + i[3] + 1) as f64
+                    }))
+                    .unwrap();
+                let w = h
+                    .upload_tensor(&HostTensor::from_fn(*w_desc.tensor(), |i| {
+                        (i[2] * 2 + i[3] + 1) as f64
+                    }))
+                    .unwrap();
+                let bias_desc = TensorDescriptor::packed(dt, &[1]).unwrap();
+                let bias = h
+                    .upload_tensor(&HostTensor::filled(bias_desc, -40.0))
+                    .unwrap();
+                let z = h.upload_tensor(&HostTensor::filled(y_desc, 2.0)).unwrap();
+                for perf in
+                    get_convolution_forward_algorithm(h, &x_desc, &w_desc, &conv, &y_desc).unwrap()
+                {
+                    let mut y = h.alloc(&y_desc).unwrap();
+                    let ws = convolution_forward_workspace_size(
+                        h, &x_desc, &w_desc, &conv, &y_desc, perf.algo,
+                    )
+                    .unwrap();
+                    let mut ws = h.alloc_bytes(ws.max(1)).unwrap();
+                    // relu(y + 0.5 * 2 - 40)
+                    convolution_bias_activation_forward(
+                        h,
+                        1.0,
+                        &x_desc,
+                        &x,
+                        &w_desc,
+                        &w,
+                        &conv,
+                        perf.algo,
+                        Some(&mut ws),
+                        0.5,
+                        Some((&y_desc, &z)),
+                        &bias_desc,
+                        &bias,
+                        &ActivationDescriptor::relu(),
+                        &y_desc,
+                        &mut y,
+                    )
+                    .unwrap();
+                    let got = h.download_tensor(&y_desc, &y).unwrap().logical();
+                    let expect: Vec<f64> =
+                        want.iter().map(|v| (v + 1.0 - 40.0f64).max(0.0)).collect();
+                    assert_eq!(got, expect, "{:?} {dt} {mode:?} on {h:?}", perf.algo);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn find_ranks_the_accepted_algorithms_and_caches_them() {
+    with_gpu("find_ranks_the_accepted_algorithms_and_caches_them", |h| {
+        let dt = DataType::F16;
+        let x_desc = TensorDescriptor::nhwc(dt, 2, 32, 14, 14).unwrap();
+        let w_desc = FilterDescriptor::new(dt, FilterLayout::Krsc, 32, 32, &[3, 3]).unwrap();
+        let conv = conv2d(1, 1, 1, MathType::TensorOp);
+        let y_desc = TensorDescriptor::nhwc(dt, 2, 32, 14, 14).unwrap();
+        let x = h
+            .upload_tensor(&random(x_desc, -1.0, 1.0, &mut rng(1)))
+            .unwrap();
+        let w = h
+            .upload_tensor(&random(*w_desc.tensor(), -1.0, 1.0, &mut rng(2)))
+            .unwrap();
+        let mut y = h.alloc(&y_desc).unwrap();
+        let found = find_convolution_forward_algorithm(
+            h, &x_desc, &x, &w_desc, &w, &conv, &y_desc, &mut y, None,
+        )
+        .unwrap();
+        let listed =
+            get_convolution_forward_algorithm(h, &x_desc, &w_desc, &conv, &y_desc).unwrap();
+        assert_eq!(found.len(), listed.len());
+        assert!(found.windows(2).all(|p| p[0].time_ms <= p[1].time_ms));
+        assert!(found.iter().all(|p| p.time_ms > 0.0));
+        let again = find_convolution_forward_algorithm(
+            h, &x_desc, &x, &w_desc, &w, &conv, &y_desc, &mut y, None,
+        )
+        .unwrap();
+        assert_eq!(
+            found, again,
+            "the second find must come from the handle's cache"
+        );
+    });
+}
+
+/// The error's text names the problem.
+fn assert_bad(r: Result<impl std::fmt::Debug>, arg: &str, words: &str) {
+    match r {
+        Err(Error::BadParam { arg: a, message }) => {
+            assert_eq!(a, arg, "{message}");
+            assert!(message.contains(words), "`{message}` lacks `{words}`");
+        }
+        other => panic!("expected BadParam({arg}), got {other:?}"),
+    }
+}
+
+#[test]
+fn descriptors_reject_bad_values() {
+    assert_bad(
+        ConvolutionDescriptor::new(&[1, 1], &[1, 0], &[1, 1], XCORR, MathType::Fma),
+        "stride",
+        "is 0",
+    );
+    assert_bad(
+        ConvolutionDescriptor::new(&[1, 1], &[1, 1], &[0, 1], XCORR, MathType::Fma),
+        "dilation",
+        "is 0",
+    );
+    assert_bad(
+        ConvolutionDescriptor::new(&[1, 1], &[1], &[1, 1], XCORR, MathType::Fma),
+        "stride",
+        "1 values for 2",
+    );
+    assert_bad(
+        ConvolutionDescriptor::new(&[], &[], &[], XCORR, MathType::Fma),
+        "pad",
+        "spatial dims",
+    );
+    assert_bad(conv2d(0, 1, 1, MathType::Fma).with_groups(0), "groups", "0");
+    assert_bad(
+        FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 0, 3, &[3, 3]),
+        "filter",
+        "0",
+    );
+    assert_bad(
+        FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 1, 3, &[1, 1, 1, 1]),
+        "spatial",
+        "1 to 3",
+    );
+}
+
+#[test]
+fn bad_inputs_are_typed_errors_on_every_handle() {
+    for h in handles() {
+        let dt = DataType::F32;
+        let x_desc = TensorDescriptor::nchw(dt, 2, 6, 8, 8).unwrap();
+        let w_desc = FilterDescriptor::new(dt, FilterLayout::Kcrs, 4, 3, &[3, 3]).unwrap();
+        let conv = conv2d(1, 1, 1, MathType::Fma).with_groups(2).unwrap();
+        let y_desc = TensorDescriptor::nchw(dt, 2, 4, 8, 8).unwrap();
+        let x = h.alloc(&x_desc).unwrap();
+        let w = h.alloc(w_desc.tensor()).unwrap();
+        let mut y = h.alloc(&y_desc).unwrap();
+        let direct = ConvFwdAlgo::Direct;
+        let run = |conv: &ConvolutionDescriptor,
+                   x_desc: &TensorDescriptor,
+                   x: &Buffer,
+                   w_desc: &FilterDescriptor,
+                   y_desc: &TensorDescriptor,
+                   y: &mut Buffer,
+                   algo| {
+            convolution_forward(
+                h, 1.0, x_desc, x, w_desc, &w, conv, algo, None, 0.0, y_desc, y,
+            )
+        };
+        // The good call works.
+        run(&conv, &x_desc, &x, &w_desc, &y_desc, &mut y, direct).unwrap();
+        // Channels not divisible by the groups.
+        let conv4 = conv2d(1, 1, 1, MathType::Fma).with_groups(4).unwrap();
+        assert_bad(
+            run(&conv4, &x_desc, &x, &w_desc, &y_desc, &mut y, direct),
+            "groups",
+            "not divisible by 4 groups",
+        );
+        // The filter's channels per group disagree with x's.
+        let w5 = FilterDescriptor::new(dt, FilterLayout::Kcrs, 4, 5, &[3, 3]).unwrap();
+        assert_bad(
+            run(&conv, &x_desc, &x, &w5, &y_desc, &mut y, direct),
+            "w_desc",
+            "5 channels per group",
+        );
+        // y of the wrong size.
+        let y_bad = TensorDescriptor::nchw(dt, 2, 4, 7, 8).unwrap();
+        assert_bad(
+            run(&conv, &x_desc, &x, &w_desc, &y_bad, &mut y, direct),
+            "y_desc",
+            "produces [2, 4, 8, 8]",
+        );
+        // Dilation making the filter larger than the padded input (3 -> 9 > 8 + 0).
+        let dilated = conv2d(0, 1, 4, MathType::Fma).with_groups(2).unwrap();
+        assert_bad(
+            run(&dilated, &x_desc, &x, &w_desc, &y_desc, &mut y, direct),
+            "dilation",
+            "more than the padded input",
+        );
+        // Rank mismatch.
+        let x3 = TensorDescriptor::packed(dt, &[2, 6, 8]).unwrap();
+        assert_bad(
+            run(&conv, &x3, &x, &w_desc, &y_desc, &mut y, direct),
+            "x_desc",
+            "rank 4",
+        );
+        // Short buffers.
+        let short = h.alloc_bytes(x_desc.size_bytes() - 4).unwrap();
+        assert!(matches!(
+            run(&conv, &x_desc, &short, &w_desc, &y_desc, &mut y, direct),
+            Err(Error::BufferTooSmall { .. })
+        ));
+        let mut short_y = h.alloc_bytes(y_desc.size_bytes() / 2).unwrap();
+        assert!(matches!(
+            run(&conv, &x_desc, &x, &w_desc, &y_desc, &mut short_y, direct),
+            Err(Error::BufferTooSmall { .. })
+        ));
+        // Mixed dtypes.
+        let x16 = TensorDescriptor::nchw(DataType::F16, 2, 6, 8, 8).unwrap();
+        assert_bad(
+            run(&conv, &x16, &x, &w_desc, &y_desc, &mut y, direct),
+            "w_desc",
+            "differs",
+        );
+        // Math that does not take the dtype.
+        let tensor_op = conv2d(1, 1, 1, MathType::TensorOp).with_groups(2).unwrap();
+        assert!(matches!(
+            run(&tensor_op, &x_desc, &x, &w_desc, &y_desc, &mut y, direct),
+            Err(Error::NotSupported { .. })
+        ));
+        // A forced algorithm that declines says why (a 3x3 filter is no 1x1 GEMM).
+        match run(
+            &conv,
+            &x_desc,
+            &x,
+            &w_desc,
+            &y_desc,
+            &mut y,
+            ConvFwdAlgo::Gemm1x1,
+        ) {
+            Err(Error::NotSupported { message }) => {
+                assert!(message.contains("not 1x1"), "{message}")
+            }
+            other => panic!("expected NotSupported, got {other:?}"),
+        }
+        // A bias that is not one value per output channel.
+        let bias_desc = TensorDescriptor::packed(dt, &[3]).unwrap();
+        let bias = h.alloc(&bias_desc).unwrap();
+        let ep = ConvEpilogue {
+            bias: Some(ConvBias {
+                desc: &bias_desc,
+                data: &bias,
+            }),
+            ..Default::default()
+        };
+        assert_bad(
+            convolution_forward_with(
+                h, 1.0, &x_desc, &x, &w_desc, &w, &conv, direct, None, 0.0, &y_desc, &mut y, &ep,
+            ),
+            "bias",
+            "one contiguous value per output channel",
+        );
+    }
+}
+
+/// Every algorithm that needs a workspace refuses a short one (never a silent fallback).
+#[test]
+fn short_workspace_is_an_error() {
+    for h in handles() {
+        let dt = if h.is_gpu() {
+            DataType::F16
+        } else {
+            DataType::F32
+        };
+        let math = MathType::default_for(dt);
+        let math = if math == MathType::Fma {
+            MathType::Tf32
+        } else {
+            math
+        };
+        let x_desc = TensorDescriptor::nhwc(dt, 2, 16, 12, 12).unwrap();
+        let w_desc = FilterDescriptor::new(dt, FilterLayout::Krsc, 16, 16, &[3, 3]).unwrap();
+        let conv = conv2d(1, 1, 1, math);
+        let y_desc = TensorDescriptor::nhwc(dt, 2, 16, 12, 12).unwrap();
+        let x = h.alloc(&x_desc).unwrap();
+        let w = h.alloc(w_desc.tensor()).unwrap();
+        let mut y = h.alloc(&y_desc).unwrap();
+        if !h.is_gpu() {
+            continue; // the CPU handle needs no workspace
+        }
+        for algo in ConvFwdAlgo::ALL {
+            let Ok(need) =
+                convolution_forward_workspace_size(h, &x_desc, &w_desc, &conv, &y_desc, algo)
+            else {
+                continue;
+            };
+            if need == 0 {
+                continue;
+            }
+            let mut ws = h.alloc_bytes(need - 1).unwrap();
+            let r = convolution_forward(
+                h,
+                1.0,
+                &x_desc,
+                &x,
+                &w_desc,
+                &w,
+                &conv,
+                algo,
+                Some(&mut ws),
+                0.0,
+                &y_desc,
+                &mut y,
+            );
+            assert!(
+                matches!(r, Err(Error::WorkspaceTooSmall { .. })),
+                "{algo:?}: {r:?}"
+            );
+            let r = convolution_forward(
+                h, 1.0, &x_desc, &x, &w_desc, &w, &conv, algo, None, 0.0, &y_desc, &mut y,
+            );
+            assert!(
+                matches!(r, Err(Error::WorkspaceTooSmall { .. })),
+                "{algo:?}: {r:?}"
+            );
+        }
+    }
+}
