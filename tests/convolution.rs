@@ -822,7 +822,11 @@ fn winograd_matches_the_reference_on_edge_shapes() {
             let mut worst: f64 = 0.0;
             for (hw, pad_min) in [([1, 1], 1), ([3, 3], 0), ([5, 7], 0), ([2, 9], 1)] {
                 for pad in pad_min..=3 {
-                    for (x_last, y_last) in [(false, false), (true, true), (true, false)] {
+                    let layouts = [(false, false), (true, true), (true, false)];
+                    // Odd channel counts, and even ones (channel-pair transforms).
+                    for ((x_last, y_last), (c, k)) in
+                        layouts.into_iter().flat_map(|l| [(l, (3, 5)), (l, (4, 6))])
+                    {
                         let (mode, fl) = if seed % 2 == 0 {
                             (XCORR, FilterLayout::Kcrs)
                         } else {
@@ -830,7 +834,7 @@ fn winograd_matches_the_reference_on_edge_shapes() {
                         };
                         let case = winograd_case(
                             dtype,
-                            [2, 3, hw[0], hw[1], 5],
+                            [2, c, hw[0], hw[1], k],
                             pad,
                             mode,
                             x_last,
@@ -853,9 +857,13 @@ fn winograd_matches_the_reference_on_edge_shapes() {
 fn winograd_fuses_the_epilogue() {
     with_gpu("winograd_fuses_the_epilogue", |h| {
         for dtype in DataType::GPU {
-            for (i, (shape, last)) in [([3, 17, 9, 11, 13], true), ([1, 9, 6, 5, 31], false)]
-                .into_iter()
-                .enumerate()
+            for (i, (shape, last)) in [
+                ([3, 17, 9, 11, 13], true),
+                ([1, 9, 6, 5, 31], false),
+                ([2, 8, 7, 9, 10], true),
+            ]
+            .into_iter()
+            .enumerate()
             {
                 let mut case =
                     winograd_case(dtype, shape, 1, XCORR, last, last, FilterLayout::Krsc);
@@ -1001,6 +1009,10 @@ fn winograd_timing_resnet50() {
         for (dt, math, last) in configs {
             for (c, hw) in [(64, 56), (128, 28), (256, 14), (512, 7)] {
                 let n = 32;
+                let name = format!("{dt}-{}-{c}", if last { "nhwc" } else { "nchw" });
+                if std::env::var("WINOGRAD_TIMING_ONLY").is_ok_and(|only| only != name) {
+                    continue;
+                }
                 let layout = if last {
                     Layout::ChannelsLast
                 } else {
@@ -1062,12 +1074,14 @@ fn winograd_timing_resnet50() {
                     5,
                 )
                 .unwrap();
+                let mm: Vec<String> = mm
+                    .iter()
+                    .map(|p| format!("{:?} {:.3}", p.algo, p.time_ms))
+                    .collect();
                 eprintln!(
-                    "{dt} {} c=k={c} {hw}x{hw} N={n}: {} | matmul 16x[{tiles}x{c}]x[{c}x{c}] {:.3} ms ({:?})",
-                    if last { "NHWC" } else { "NCHW" },
+                    "{name} {hw}x{hw} N={n}: {} | matmul 16x[{tiles}x{c}]x[{c}x{c}] ms: {}",
                     row.join(", "),
-                    mm[0].time_ms,
-                    mm[0].algo
+                    mm.join(", "),
                 );
             }
         }

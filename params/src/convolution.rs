@@ -130,7 +130,8 @@ impl PixelIndex {
 ///
 /// Each kernel walks `items` work items, item `i` being `(outer, inner) = (i / inner,
 /// i % inner)`: (tile, channel) or (channel, tile) as `channel_inner` says for the input
-/// and output transforms, (k, c) for the filter transform.
+/// and output transforms, (k, c) for the filter transform. The `_c2` transforms take two
+/// consecutive channels per item (the inner index then counts channel pairs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ConvWinogradParams {

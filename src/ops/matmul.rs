@@ -369,6 +369,8 @@ pub(crate) struct DeviceMatmul {
     pub a: OperandLayout,
     pub b: OperandLayout,
     pub c: OutputLayout,
+    /// The tile, or `None` for [`get_matmul_algorithm`]'s heuristic.
+    pub algo: Option<MatmulAlgo>,
 }
 
 impl DeviceMatmul {
@@ -402,7 +404,9 @@ impl DeviceMatmul {
             input: self.input,
             output: self.output,
         };
-        let algo = problem.heuristic(gpu.sm_count, gpu.is_sm90a());
+        let algo = self
+            .algo
+            .unwrap_or_else(|| problem.heuristic(gpu.sm_count, gpu.is_sm90a()));
         let ptrs = Pointers {
             a,
             b,

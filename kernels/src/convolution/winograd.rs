@@ -54,6 +54,35 @@ fn tile_coords(p: &ConvWinogradParams, t: u32) -> (u32, u32, u32) {
     (n, th, tw)
 }
 
+/// `L` consecutive elements (1, or a pair by one 32-bit access for 16-bit types).
+///
+/// # Safety
+/// The elements are readable; for `L == 2` and 16-bit types `p` is 4-byte aligned.
+#[inline(always)]
+unsafe fn load_n<T: Element, const L: usize>(p: *const T) -> [f32; L] {
+    let mut out = [0f32; L];
+    if L == 2 {
+        let v = T::load_pair(p);
+        (out[0], out[1]) = (v[0], v[1]);
+    } else {
+        unrolled!(l in L => out[l] = T::load(p.add(l)));
+    }
+    out
+}
+
+/// Stores `L` consecutive elements (as [`load_n`]).
+///
+/// # Safety
+/// The elements are writable; for `L == 2` and 16-bit types `p` is 4-byte aligned.
+#[inline(always)]
+unsafe fn store_n<T: Element, const L: usize>(p: *mut T, v: [f32; L]) {
+    if L == 2 {
+        T::store_pair(p, [v[0], v[1]]);
+    } else {
+        unrolled!(l in L => T::store(p.add(l), v[l]));
+    }
+}
+
 /// `B^T v` for one column (or row) `v` of the 4x4 input patch.
 #[inline(always)]
 fn bt(v: [f32; 4]) -> [f32; 4] {
@@ -73,40 +102,49 @@ fn at(v: [f32; 4]) -> [f32; 2] {
     [v[0] + v[1] + v[2], v[1] - v[2] - v[3]]
 }
 
-/// `V = B^T d B` of every (tile, c) item.
+/// `V = B^T d B` of every (tile, c) item; `L` consecutive channels per item (`L == 2`
+/// only with the channel inner, x's channels contiguous and its offsets even).
 #[inline(always)]
-unsafe fn input<T: Element>(p: &ConvWinogradParams, x: *const T, v: *mut T) {
+unsafe fn input<T: Element, const L: usize>(p: &ConvWinogradParams, x: *const T, v: *mut T) {
     let g = &p.geo;
     for_items(p, |outer, inner| {
         let (t, c) = tile_and_channel(p, outer, inner);
+        let c = c * L as u32;
         let (n, th, tw) = tile_coords(p, t);
         let h0 = (2 * th) as i32 - g.pad[1] as i32;
         let w0 = (2 * tw) as i32 - g.pad[2] as i32;
         let xb = x.add((n * g.x[0] + c * g.x[1]) as usize);
-        // d[row][col], zeros outside x.
-        let mut d = [[0f32; 4]; 4];
+        // d[row][col][channel], zeros outside x.
+        let mut d = [[[0f32; L]; 4]; 4];
         unrolled!(i in 4 => {
             let h = h0 + i as i32;
             if h >= 0 && (h as u32) < g.input[1] {
                 unrolled!(j in 4 => {
                     let w = w0 + j as i32;
                     if w >= 0 && (w as u32) < g.input[2] {
-                        d[i][j] = T::load(xb.add((h as u32 * g.x[3] + w as u32 * g.x[4]) as usize));
+                        let at = h as u32 * g.x[3] + w as u32 * g.x[4];
+                        d[i][j] = load_n::<T, L>(xb.add(at as usize));
                     }
                 });
             }
         });
-        // B^T d: the transform down each column, then along each row.
-        let mut cols = [[0f32; 4]; 4];
-        unrolled!(j in 4 => {
-            let r = bt([d[0][j], d[1][j], d[2][j], d[3][j]]);
-            unrolled!(i in 4 => cols[i][j] = r[i]);
-        });
         let base = t as u64 * p.v.mn + c as u64 * p.v.k;
-        unrolled!(i in 4 => {
-            let r = bt(cols[i]);
+        unrolled!(l in L => {
+            // B^T d: the transform down each column, then along each row.
+            let mut cols = [[0f32; 4]; 4];
             unrolled!(j in 4 => {
-                T::store(v.add((base + (4 * i + j) as u64 * p.v.batch) as usize), r[j]);
+                let r = bt([d[0][j][l], d[1][j][l], d[2][j][l], d[3][j][l]]);
+                unrolled!(i in 4 => cols[i][j] = r[i]);
+            });
+            unrolled!(i in 4 => {
+                let r = bt(cols[i]);
+                unrolled!(j in 4 => d[i][j][l] = r[j]);
+            });
+        });
+        unrolled!(i in 4 => {
+            unrolled!(j in 4 => {
+                let at = base + (4 * i + j) as u64 * p.v.batch;
+                store_n::<T, L>(v.add(at as usize), d[i][j]);
             });
         });
     });
@@ -140,9 +178,11 @@ unsafe fn filter<T: Element>(p: &ConvWinogradParams, w: *const T, u: *mut T) {
     });
 }
 
-/// `Y = A^T M A` of every (tile, k) item, through the epilogue into y.
+/// `Y = A^T M A` of every (tile, k) item, through the epilogue into y; `L` consecutive
+/// output channels per item (`L == 2` only with the channel inner, M's, y's (and z's)
+/// channels contiguous and their offsets even).
 #[inline(always)]
-unsafe fn output<T: Element>(
+unsafe fn output<T: Element, const L: usize>(
     p: &ConvWinogradParams,
     m: *const f32,
     y: *mut T,
@@ -152,36 +192,45 @@ unsafe fn output<T: Element>(
     let g = &p.geo;
     for_items(p, |outer, inner| {
         let (t, k) = tile_and_channel(p, outer, inner);
+        let k = k * L as u32;
         let (n, th, tw) = tile_coords(p, t);
         let base = t as u64 * p.m.row + k as u64 * p.m.col;
-        let mut mm = [[0f32; 4]; 4];
+        let mut mm = [[[0f32; L]; 4]; 4];
         unrolled!(i in 4 => {
             unrolled!(j in 4 => {
-                mm[i][j] = *m.add((base + (4 * i + j) as u64 * p.m.batch) as usize);
+                let at = base + (4 * i + j) as u64 * p.m.batch;
+                unrolled!(l in L => mm[i][j][l] = *m.add((at + l as u64 * p.m.col) as usize));
             });
         });
-        let mut cols = [[0f32; 4]; 2];
-        unrolled!(j in 4 => {
-            let r = at([mm[0][j], mm[1][j], mm[2][j], mm[3][j]]);
-            unrolled!(i in 2 => cols[i][j] = r[i]);
+        // y[i][j][channel] = A^T M A.
+        let mut out = [[[0f32; L]; 2]; 2];
+        unrolled!(l in L => {
+            let mut cols = [[0f32; 4]; 2];
+            unrolled!(j in 4 => {
+                let r = at([mm[0][j][l], mm[1][j][l], mm[2][j][l], mm[3][j][l]]);
+                unrolled!(i in 2 => cols[i][j] = r[i]);
+            });
+            unrolled!(i in 2 => {
+                let r = at(cols[i]);
+                unrolled!(j in 2 => out[i][j][l] = r[j]);
+            });
         });
         unrolled!(i in 2 => {
-            let r = at(cols[i]);
             let oh = 2 * th + i as u32;
             unrolled!(j in 2 => {
                 let ow = 2 * tw + j as u32;
                 if oh < g.output[1] && ow < g.output[2] {
                     let off = |s: &[u32; 5]| (n * s[0] + k * s[1] + oh * s[3] + ow * s[4]) as usize;
                     let yp = y.add(off(&g.y));
-                    let out = epilogue::apply(
+                    let v = epilogue::apply(
                         &p.ops,
-                        [r[j]],
+                        out[i][j],
                         T::LOW_PRECISION,
-                        || [T::load(yp)],
-                        |_| [T::load(bias.add(k as usize))],
-                        || [T::load(z.add(off(&g.z)))],
+                        || load_n::<T, L>(yp),
+                        |_| load_n::<T, L>(bias.add(k as usize)),
+                        || load_n::<T, L>(z.add(off(&g.z))),
                     );
-                    T::store(yp, out[0]);
+                    store_n::<T, L>(yp, v);
                 }
             });
         });
@@ -198,7 +247,18 @@ macro_rules! winograd_entry_points {
             pub unsafe extern "ptx-kernel" fn [<conv_fwd_winograd_input_ $dt>](
                 p: ConvWinogradParams, x: *const $T, v: *mut $T,
             ) {
-                input::<$T>(&p, x, v)
+                input::<$T, 1>(&p, x, v)
+            }
+
+            /// # Safety
+            /// As `conv_fwd_winograd_input_*`, items of two channels: the channel is the
+            /// inner index, x's channel stride is 1 and its other strides, `c` and V's
+            /// strides are even.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<conv_fwd_winograd_input_c2_ $dt>](
+                p: ConvWinogradParams, x: *const $T, v: *mut $T,
+            ) {
+                input::<$T, 2>(&p, x, v)
             }
 
             /// # Safety
@@ -220,7 +280,19 @@ macro_rules! winograd_entry_points {
                 p: ConvWinogradParams, m: *const f32, y: *mut $T, bias: *const $T,
                 z: *const $T,
             ) {
-                output::<$T>(&p, m, y, bias, z)
+                output::<$T, 1>(&p, m, y, bias, z)
+            }
+
+            /// # Safety
+            /// As `conv_fwd_winograd_output_*`, items of two output channels: the channel
+            /// is the inner index, y's (and z's, where read) channel stride is 1 and its
+            /// other strides, `k` and M's strides are even.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<conv_fwd_winograd_output_c2_ $dt>](
+                p: ConvWinogradParams, m: *const f32, y: *mut $T, bias: *const $T,
+                z: *const $T,
+            ) {
+                output::<$T, 2>(&p, m, y, bias, z)
             }
         }
     };

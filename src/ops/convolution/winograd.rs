@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::launch::LaunchConfig;
 use crate::ops::grid_stride_config;
-use crate::ops::matmul::{DeviceMatmul, MathType};
+use crate::ops::matmul::{DeviceMatmul, MathType, MatmulAlgo};
 use crate::ops::pooling::channels_last;
 use oxidnn_params::{
     ConvWinogradParams, FastDivisor, OperandLayout, OutputLayout, CONV_WINOGRAD_THREADS,
@@ -98,6 +98,9 @@ struct Plan {
     /// x (y) is channels-last: V (M) has channels innermost.
     x_last: bool,
     y_last: bool,
+    /// The input transform takes channel pairs (`_c2`): x channels-last with unit channel
+    /// stride, C and x's other strides even (so every pair is 4-byte aligned).
+    input_pairs: bool,
     v: OperandLayout,
     u: OperandLayout,
     m: OutputLayout,
@@ -160,12 +163,16 @@ impl Plan {
         let u_at = round_up(POINTS * v.batch as usize * size, 256);
         let m_at = u_at + round_up(POINTS * u.batch as usize * size, 256);
         let end = m_at + POINTS * m.batch as usize * DataType::F32.size_bytes();
+        let even = |v: u32| v % 2 == 0;
+        let input_pairs =
+            x_last && g.x[1] == 1 && even(g.c) && [g.x[0], g.x[3], g.x[4]].into_iter().all(even);
         Self {
             tiles_h,
             tiles_w,
             tiles,
             x_last,
             y_last,
+            input_pairs,
             v,
             u,
             m,
@@ -178,6 +185,26 @@ impl Plan {
     fn bytes(&self) -> usize {
         self.end
     }
+}
+
+/// The matmul's tile for `k` output channels (its N): 64x64 where N <= 64, whose wider
+/// tiles would compute mostly padding columns (the heuristic counts blocks, not waste:
+/// 16 x [25088 x 64] x [64 x 64] runs TODO); else the matmul's heuristic.
+fn matmul_tile(k: usize) -> Option<MatmulAlgo> {
+    (k <= 64).then_some(MatmulAlgo::Tile64x64)
+}
+
+/// Whether the output transform takes channel pairs (`_c2`): y (and z, where the epilogue
+/// reads it) channels-last with unit channel stride, K and the other strides even, so
+/// every pair of y, z and the bias is 4-byte aligned (M's rows are padded to 8).
+fn output_pairs(call: &Call) -> bool {
+    let g = &call.p.geo;
+    let even = |v: u32| v % 2 == 0;
+    let paired = |s: &[u32; 5]| s[1] == 1 && [s[0], s[3], s[4]].into_iter().all(even);
+    channels_last(&g.y)
+        && even(g.k)
+        && paired(&g.y)
+        && (call.epilogue.residual.is_none() || paired(&g.z))
 }
 
 pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
@@ -225,17 +252,22 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
             &[call.ptrs.w, u_ptr],
         )?;
     }
-    let input = if plan.x_last {
-        params(t * c, c, true)
-    } else {
-        params(t * c, t, false)
+    let input = match (plan.x_last, plan.input_pairs) {
+        (true, true) => params(t * (c / 2), c / 2, true),
+        (true, false) => params(t * c, c, true),
+        _ => params(t * c, t, false),
     };
     // SAFETY: x holds the tensor `g` describes (span checked, below 2^31 elements) and
     // the kernel reads only in-range pixels; V at `v_ptr` holds 16 matrices of `tiles x C`
-    // at `plan.v`, inside the workspace, which every (tile, c) item's stores stay within.
+    // at `plan.v`, inside the workspace, which every (tile, c) item's stores stay within;
+    // the `_c2` kernel runs only where `Plan::input_pairs` found every offset even.
     unsafe {
         call.gpu.launch(
-            kernel("input")?,
+            kernel(if plan.input_pairs {
+                "input_c2"
+            } else {
+                "input"
+            })?,
             config(input.items)?,
             &input,
             &[call.ptrs.x, v_ptr],
@@ -252,23 +284,27 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         a: plan.v,
         b: plan.u,
         c: plan.m,
+        algo: matmul_tile(k as usize),
     };
     // SAFETY: V, U and M are the workspace's three disjoint regions, each holding the 16
     // matrices its layout describes (`tiles x C`, `K x C`, `tiles x K`), M's elements
     // distinct.
     unsafe { product.launch(call.gpu, v_ptr, u_ptr, m_ptr)? };
-    let output = if plan.y_last {
-        params(t * k, k, true)
-    } else {
-        params(t * k, t, false)
+    let pairs = output_pairs(call);
+    let output = match (plan.y_last, pairs) {
+        (true, true) => params(t * (k / 2), k / 2, true),
+        (true, false) => params(t * k, k, true),
+        _ => params(t * k, t, false),
     };
     let pointers = [m_ptr, call.y_ptr(y)?, call.ptrs.bias, call.ptrs.z];
     // SAFETY: M at `m_ptr` holds the 16 f32 matrices `tiles x K` the matmul wrote; y, bias
     // and z were checked to hold their descriptors' spans (below 2^31 elements), and the
     // kernel stores only in-range pixels of each tile, each once; bias and z are read only
-    // when the epilogue has them, which is exactly when they were given.
+    // when the epilogue has them, which is exactly when they were given; the `_c2` kernel
+    // runs only where `output_pairs` found every offset even and channels contiguous.
+    let name = if pairs { "output_c2" } else { "output" };
     unsafe {
         call.gpu
-            .launch(kernel("output")?, config(output.items)?, &output, &pointers)
+            .launch(kernel(name)?, config(output.items)?, &output, &pointers)
     }
 }
