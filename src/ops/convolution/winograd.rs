@@ -189,8 +189,8 @@ impl Plan {
 
 /// The matmul's tile for `k` output channels (its N): 64x64 where N <= 64, whose wider
 /// tiles would compute mostly padding columns (the heuristic counts blocks, not waste:
-/// 16 x [25088 x 64] x [64 x 64], ResNet-50's 56x56 layer at N=32, ran in 0.14 ms on
-/// 64x64 (0.11 in another run) against 0.46 ms on the heuristic's 128x256 for f16, 0.17 against 0.27 on
+/// 16 x [25088 x 64] x [64 x 64], ResNet-50's 56x56 layer at N=32, ran in 0.11-0.14 ms
+/// on 64x64 against 0.46 ms on the heuristic's 128x256 for f16, 0.17 against 0.27 on
 /// 128x128 for tf32, H100); else the matmul's heuristic.
 fn matmul_tile(k: usize) -> Option<MatmulAlgo> {
     (k <= 64).then_some(MatmulAlgo::Tile64x64)
