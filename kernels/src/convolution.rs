@@ -5,5 +5,7 @@
 //!
 //! * [`direct`]: one thread per output element, any layout, strides, groups, dims; the
 //!   always-correct fallback.
+//! * [`winograd`]: Winograd F(2x2, 3x3) transforms around a batched matmul (3x3, stride 1).
 
 pub mod direct;
+pub mod winograd;

@@ -39,6 +39,7 @@
 
 mod direct;
 mod gemm_1x1;
+mod winograd;
 
 use super::activation::ActivationDescriptor;
 use super::matmul::{epilogue_ops, MathType, Residual};
@@ -911,6 +912,7 @@ impl Problem {
         let why = match algo {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
+            ConvFwdAlgo::Winograd => winograd::declines(self),
             _ => Some("not implemented yet".to_string()),
         };
         match why {
@@ -950,6 +952,7 @@ impl Problem {
 
     pub fn workspace_bytes(&self, algo: ConvFwdAlgo) -> usize {
         match algo {
+            ConvFwdAlgo::Winograd => winograd::workspace_bytes(self),
             _ => 0,
         }
     }
@@ -968,6 +971,7 @@ impl Problem {
         match algo {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
+            ConvFwdAlgo::Winograd => winograd::launch(call, y),
             _ => Err(Error::unsupported(format!(
                 "{algo:?} is not implemented yet"
             ))),
