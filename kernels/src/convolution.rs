@@ -5,5 +5,9 @@
 //!
 //! * [`direct`]: one thread per output element, any layout, strides, groups, dims; the
 //!   always-correct fallback.
+//! * [`implicit_gemm_fma`]: exact-f32 implicit GEMM on CUDA cores (im2col gathers).
+//! * [`depthwise`]: groups == c, memory-bound, per layout.
 
+pub mod depthwise;
 pub mod direct;
+pub mod implicit_gemm_fma;

@@ -37,8 +37,10 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
+mod depthwise;
 mod direct;
 mod gemm_1x1;
+mod implicit_gemm;
 
 use super::activation::ActivationDescriptor;
 use super::matmul::{epilogue_ops, MathType, Residual};
@@ -911,6 +913,8 @@ impl Problem {
         let why = match algo {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
+            ConvFwdAlgo::ImplicitGemm => implicit_gemm::declines(self),
+            ConvFwdAlgo::Depthwise => depthwise::declines(self),
             _ => Some("not implemented yet".to_string()),
         };
         match why {
@@ -968,6 +972,8 @@ impl Problem {
         match algo {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
+            ConvFwdAlgo::ImplicitGemm => implicit_gemm::launch(call, y),
+            ConvFwdAlgo::Depthwise => depthwise::launch(call, y),
             _ => Err(Error::unsupported(format!(
                 "{algo:?} is not implemented yet"
             ))),
