@@ -872,7 +872,7 @@ fn time_implicit_gemm_and_depthwise() {
     let Some(h) = gpu() else {
         return;
     };
-    let run = |case: &Case, label: &str| {
+    let run = |h: &Handle, case: &Case, label: &str| {
         let mut r = rng(7);
         let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
         let w = h.upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r)).unwrap();
@@ -907,7 +907,14 @@ fn time_implicit_gemm_and_depthwise() {
         ("resnet c64k256 56x56 1x1", (32, 64, 256, [56, 56]), (1, 0, 1, 1, 1)),
     ] {
         let case = case2d(DataType::F32, MathType::Fma, dims, geo, Layout::ChannelsFirst, xc);
-        run(&case, label);
+        run(h, &case, label);
+        if std::env::var("SWEEP").is_ok() {
+            for t in ["128x128", "256x64", "64x256", "128x64", "64x128", "64x64"] {
+                std::env::set_var("OXIDNN_CONV_IGEMM_TILE", t);
+                run(&Handle::new().unwrap(), &case, &format!("{label} {t}"));
+            }
+            std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
+        }
     }
     for (dt, layout) in [
         (DataType::F32, Layout::ChannelsFirst),
@@ -923,7 +930,7 @@ fn time_implicit_gemm_and_depthwise() {
             ("mnv2 c960 7x7 s1", 960, 7, 1),
         ] {
             let case = case2d(dt, MathType::Fma, (64, c, c, [hw, hw]), (3, 1, stride, 1, c), layout, xc);
-            run(&case, &format!("{label} {} {layout:?}", dt.name()));
+            run(h, &case, &format!("{label} {} {layout:?}", dt.name()));
         }
     }
 }

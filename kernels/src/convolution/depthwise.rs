@@ -154,9 +154,57 @@ unsafe fn rows<T: Element>(
     }
 }
 
+/// `acc[j] +=` one filter row (at `wr`) over input row `xr` (channel vector at `xr`) for
+/// pixels `c0 + j`: with `SW > 0` (width `SW`, stride `ST`, dilation 1) the
+/// `(PIXELS - 1) * ST + SW` input vectors the pixels share are loaded once; `SW == 0`
+/// reads tap by tap.
+#[inline(always)]
+unsafe fn vec_row<T: Element, const VEC: usize, const SW: usize, const ST: usize>(
+    g: &ConvGeometry,
+    xr: *const T,
+    wr: *const T,
+    c0: u32,
+    acc: &mut [[f32; VEC]; PIXELS],
+) {
+    let weights = |f2: u32| -> [f32; VEC] {
+        let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
+        core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)))
+    };
+    if SW == 0 {
+        for f2 in 0..g.filter[2] {
+            let wv = weights(f2);
+            unrolled!(j in PIXELS => {
+                if let Some(i2) = g.input_at(2, c0 + j as u32, f2) {
+                    let xv = T::unpack::<VEC>(T::load_raw::<VEC>(xr.add((i2 * g.x[4]) as usize), true));
+                    unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
+                }
+            });
+        }
+        return;
+    }
+    let first = (c0 * ST as u32).wrapping_sub(g.pad[2]);
+    let mut win = [[0u32; 4]; VEC_WINDOW];
+    unrolled!(i in (PIXELS - 1) * ST + SW => {
+        let c = first.wrapping_add(i as u32);
+        if c < g.input[2] {
+            win[i] = T::load_raw::<VEC>(xr.add((c * g.x[4]) as usize), true);
+        }
+    });
+    unrolled!(s in SW => {
+        let wv = weights(s as u32);
+        unrolled!(j in PIXELS => {
+            let xv = T::unpack::<VEC>(win[j * ST + s]);
+            unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
+        });
+    });
+}
+
+/// Raw input vectors of [`vec_row`]'s window.
+const VEC_WINDOW: usize = 16;
+
 /// The channels-last kernel: `VEC` channels (16 bytes) of [`PIXELS`] pixels per thread.
 #[inline(always)]
-unsafe fn vec<T: Element, const VEC: usize>(
+unsafe fn vec_with<T: Element, const VEC: usize, const SW: usize, const ST: usize>(
     p: &ConvDepthwiseParams,
     x: *const T,
     w: *const T,
@@ -175,17 +223,7 @@ unsafe fn vec<T: Element, const VEC: usize>(
         let wb = w.add((k * g.w[0]) as usize);
         let mut acc = [[0f32; VEC]; PIXELS];
         for_each_row(g, o0, o1, |xo, wo| {
-            let (xr, wr) = (xb.add(xo as usize), wb.add(wo as usize));
-            for f2 in 0..g.filter[2] {
-                let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
-                let wv: [f32; VEC] = core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)));
-                unrolled!(j in PIXELS => {
-                    if let Some(i2) = g.input_at(2, c0 + j as u32, f2) {
-                        let xv = T::unpack::<VEC>(T::load_raw::<VEC>(xr.add((i2 * g.x[4]) as usize), true));
-                        unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
-                    }
-                });
-            }
+            vec_row::<T, VEC, SW, ST>(g, xb.add(xo as usize), wb.add(wo as usize), c0, &mut acc);
         });
         unrolled!(j in PIXELS => {
             let o2 = c0 + j as u32;
@@ -205,6 +243,23 @@ unsafe fn vec<T: Element, const VEC: usize>(
             }
         });
         item += step;
+    }
+}
+
+#[inline(always)]
+unsafe fn vec<T: Element, const VEC: usize>(
+    p: &ConvDepthwiseParams,
+    x: *const T,
+    w: *const T,
+    y: *mut T,
+    bias: *const T,
+    z: *const T,
+) {
+    let g = &p.geo;
+    match (g.filter[2], g.stride[2], g.dilation[2]) {
+        (3, 1, 1) => vec_with::<T, VEC, 3, 1>(p, x, w, y, bias, z),
+        (3, 2, 1) => vec_with::<T, VEC, 3, 2>(p, x, w, y, bias, z),
+        _ => vec_with::<T, VEC, 0, 0>(p, x, w, y, bias, z),
     }
 }
 

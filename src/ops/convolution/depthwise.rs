@@ -2,7 +2,7 @@
 //! (groups == c, one input channel per group, any channel multiplier), every dtype, any
 //! filter, stride, dilation, padding and mode. Channels-last x and y with 16-byte channel
 //! vectors (and multiplier 1) run `conv_fwd_depthwise_vec_<dtype>` (one thread per
-//! channel vector of two output pixels); everything else `conv_fwd_depthwise_rows_<dtype>`
+//! channel vector of two output pixels, input windows in registers); everything else `conv_fwd_depthwise_rows_<dtype>`
 //! (one thread per four consecutive outputs of a row, input windows in registers).
 
 use super::{Call, Problem};

@@ -18,7 +18,14 @@ use oxidnn_params::{
 };
 
 /// Block tiles (GEMM rows x columns), tried in this order by [`tile`].
-const TILES: [(u32, u32); 4] = [(128, 128), (128, 64), (64, 128), (64, 64)];
+const TILES: [(u32, u32); 6] = [
+    (128, 128),
+    (256, 64),
+    (64, 256),
+    (128, 64),
+    (64, 128),
+    (64, 64),
+];
 
 /// Why the implicit GEMM does not run this problem, or `None` if it does.
 pub(super) fn declines(p: &Problem) -> Option<String> {
@@ -31,7 +38,7 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     let taps = p.geo.taps();
     if taps > CONV_IGEMM_MAX_TAPS {
         return Some(format!(
-            "the filter has {taps} taps; the shared offset tables hold at most {CONV_IGEMM_MAX_TAPS}"
+            "the filter has {taps} taps; the per-pixel tap masks cover at most {CONV_IGEMM_MAX_TAPS}"
         ));
     }
     let gemm_k = p.geo.c_per_group as u64 * taps as u64;
@@ -68,6 +75,14 @@ fn tile(rows: u64, cols: u64, groups: u64, sm_count: u32) -> (u32, u32) {
         .unwrap_or(TILES[TILES.len() - 1])
 }
 
+/// TUNING ONLY: `OXIDNN_CONV_IGEMM_TILE=BMxBN` forces a tile.
+fn tile_override() -> Option<(u32, u32)> {
+    let v = std::env::var("OXIDNN_CONV_IGEMM_TILE").ok()?;
+    let (a, b) = v.split_once('x')?;
+    let t = (a.parse().ok()?, b.parse().ok()?);
+    TILES.contains(&t).then_some(t)
+}
+
 pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     let p = call.p;
     let g = &p.geo;
@@ -79,7 +94,8 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     } else {
         (pixels, g.k_per_group as u64)
     };
-    let (bm, bn) = tile(rows, cols, g.groups as u64, call.gpu.sm_count);
+    let (bm, bn) = tile_override()
+        .unwrap_or_else(|| tile(rows, cols, g.groups as u64, call.gpu.sm_count));
     let (tiles_m, tiles_n) = (rows.div_ceil(bm as u64), cols.div_ceil(bn as u64));
     if tiles_m * tiles_n > i32::MAX as u64 {
         return Err(Error::unsupported(format!(
