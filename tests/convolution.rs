@@ -792,7 +792,10 @@ fn check_forced(h: &Handle, mut case: Case, algo: ConvFwdAlgo, exact: bool, seed
 fn implicit_gemm_is_exact_on_resnet_like_layers() {
     with_gpu("implicit_gemm_is_exact_on_resnet_like_layers", |h| {
         let f32 = DataType::F32;
-        for (i, layout) in [Layout::ChannelsFirst, Layout::ChannelsLast].into_iter().enumerate() {
+        for (i, layout) in [Layout::ChannelsFirst, Layout::ChannelsLast]
+            .into_iter()
+            .enumerate()
+        {
             for (j, (dims, geo)) in [
                 ((2, 64, 64, [14, 14]), (3, 1, 1, 1, 1)),
                 ((3, 48, 80, [9, 11]), (3, 1, 2, 1, 1)),
@@ -807,7 +810,13 @@ fn implicit_gemm_is_exact_on_resnet_like_layers() {
             {
                 for mode in [XCORR, ConvMode::Convolution] {
                     let case = case2d(f32, MathType::Fma, dims, geo, layout, mode);
-                    check_forced(h, case, ConvFwdAlgo::ImplicitGemm, true, (10 * i + j) as u64);
+                    check_forced(
+                        h,
+                        case,
+                        ConvFwdAlgo::ImplicitGemm,
+                        true,
+                        (10 * i + j) as u64,
+                    );
                 }
             }
         }
@@ -816,31 +825,34 @@ fn implicit_gemm_is_exact_on_resnet_like_layers() {
 
 #[test]
 fn depthwise_matches_the_reference_on_mobilenet_like_layers() {
-    with_gpu("depthwise_matches_the_reference_on_mobilenet_like_layers", |h| {
-        for dt in [DataType::F32, DataType::F16, DataType::BF16] {
-            for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
-                for (seed, (dims, geo)) in [
-                    ((2, 32, 32, [17, 17]), (3, 1, 1, 1, 32)),
-                    ((2, 64, 64, [18, 19]), (3, 1, 2, 1, 64)),
-                    ((3, 40, 40, [7, 7]), (5, 2, 1, 1, 40)),
-                    ((1, 24, 24, [11, 13]), (5, 2, 2, 1, 24)),
-                    ((2, 16, 32, [9, 9]), (3, 1, 1, 1, 16)), // multiplier 2
-                    ((2, 12, 12, [10, 10]), (3, 2, 1, 2, 12)), // dilation 2
-                    ((1, 8, 8, [6, 6]), (7, 4, 3, 1, 8)),
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    let math = MathType::Fma;
-                    let case = case2d(dt, math, dims, geo, layout, XCORR);
-                    let exact = dt == DataType::F32;
-                    check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64);
-                    let case = case2d(dt, math, dims, geo, layout, ConvMode::Convolution);
-                    check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64 + 100);
+    with_gpu(
+        "depthwise_matches_the_reference_on_mobilenet_like_layers",
+        |h| {
+            for dt in [DataType::F32, DataType::F16, DataType::BF16] {
+                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                    for (seed, (dims, geo)) in [
+                        ((2, 32, 32, [17, 17]), (3, 1, 1, 1, 32)),
+                        ((2, 64, 64, [18, 19]), (3, 1, 2, 1, 64)),
+                        ((3, 40, 40, [7, 7]), (5, 2, 1, 1, 40)),
+                        ((1, 24, 24, [11, 13]), (5, 2, 2, 1, 24)),
+                        ((2, 16, 32, [9, 9]), (3, 1, 1, 1, 16)), // multiplier 2
+                        ((2, 12, 12, [10, 10]), (3, 2, 1, 2, 12)), // dilation 2
+                        ((1, 8, 8, [6, 6]), (7, 4, 3, 1, 8)),
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        let math = MathType::Fma;
+                        let case = case2d(dt, math, dims, geo, layout, XCORR);
+                        let exact = dt == DataType::F32;
+                        check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64);
+                        let case = case2d(dt, math, dims, geo, layout, ConvMode::Convolution);
+                        check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64 + 100);
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 #[test]
@@ -875,7 +887,9 @@ fn time_implicit_gemm_and_depthwise() {
     let run = |h: &Handle, case: &Case, label: &str| {
         let mut r = rng(7);
         let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
-        let w = h.upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r)).unwrap();
+        let w = h
+            .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+            .unwrap();
         let mut y = h.alloc(&case.y).unwrap();
         let found = find_convolution_forward_algorithm(
             h, &case.x, &x, &case.w, &w, &case.conv, &case.y, &mut y, None,
@@ -899,22 +913,46 @@ fn time_implicit_gemm_and_depthwise() {
     };
     let xc = XCORR;
     for (label, dims, geo) in [
-        ("resnet c64k64 56x56 3x3", (32, 64, 64, [56, 56]), (3, 1, 1, 1, 1)),
-        ("resnet c128k128 28x28 3x3", (32, 128, 128, [28, 28]), (3, 1, 1, 1, 1)),
-        ("resnet c256k256 14x14 3x3", (32, 256, 256, [14, 14]), (3, 1, 1, 1, 1)),
-        ("resnet c512k512 7x7 3x3", (32, 512, 512, [7, 7]), (3, 1, 1, 1, 1)),
-        ("resnet c256k64 56x56 1x1", (32, 256, 64, [56, 56]), (1, 0, 1, 1, 1)),
-        ("resnet c64k256 56x56 1x1", (32, 64, 256, [56, 56]), (1, 0, 1, 1, 1)),
+        (
+            "resnet c64k64 56x56 3x3",
+            (32, 64, 64, [56, 56]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c128k128 28x28 3x3",
+            (32, 128, 128, [28, 28]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c256k256 14x14 3x3",
+            (32, 256, 256, [14, 14]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c512k512 7x7 3x3",
+            (32, 512, 512, [7, 7]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c256k64 56x56 1x1",
+            (32, 256, 64, [56, 56]),
+            (1, 0, 1, 1, 1),
+        ),
+        (
+            "resnet c64k256 56x56 1x1",
+            (32, 64, 256, [56, 56]),
+            (1, 0, 1, 1, 1),
+        ),
     ] {
-        let case = case2d(DataType::F32, MathType::Fma, dims, geo, Layout::ChannelsFirst, xc);
+        let case = case2d(
+            DataType::F32,
+            MathType::Fma,
+            dims,
+            geo,
+            Layout::ChannelsFirst,
+            xc,
+        );
         run(h, &case, label);
-        if std::env::var("SWEEP").is_ok() {
-            for t in ["128x128", "256x64", "64x256", "128x64", "64x128", "64x64"] {
-                std::env::set_var("OXIDNN_CONV_IGEMM_TILE", t);
-                run(&Handle::new().unwrap(), &case, &format!("{label} {t}"));
-            }
-            std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
-        }
     }
     for (dt, layout) in [
         (DataType::F32, Layout::ChannelsFirst),
@@ -929,7 +967,14 @@ fn time_implicit_gemm_and_depthwise() {
             ("mnv2 c144 56x56 s1", 144, 56, 1),
             ("mnv2 c960 7x7 s1", 960, 7, 1),
         ] {
-            let case = case2d(dt, MathType::Fma, (64, c, c, [hw, hw]), (3, 1, stride, 1, c), layout, xc);
+            let case = case2d(
+                dt,
+                MathType::Fma,
+                (64, c, c, [hw, hw]),
+                (3, 1, stride, 1, c),
+                layout,
+                xc,
+            );
             run(h, &case, &format!("{label} {} {layout:?}", dt.name()));
         }
     }

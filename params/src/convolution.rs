@@ -138,9 +138,9 @@ pub struct ConvImplicitGemmParams {
     pub tiles_n: u32,
 }
 
-/// Most filter taps (`t * r * s`) of the implicit-GEMM kernels (a 64-bit mask per pixel
-/// says which taps read inside x).
-pub const CONV_IGEMM_MAX_TAPS: u32 = 64;
+/// Most filter taps (`t * r * s`) the implicit-GEMM kernels keep offset tables for in
+/// shared memory.
+pub const CONV_IGEMM_MAX_TAPS: u32 = 1024;
 
 /// Shared bytes of the implicit-GEMM tap tables: per tap `[x offset, f0 * d0, f1 * d1,
 /// f2 * d2]` (16 bytes) and the filter offset (4 bytes).

@@ -45,7 +45,13 @@ fn for_each_row(g: &ConvGeometry, o0: u32, o1: u32, mut f: impl FnMut(u32, u32))
 /// `acc[v] +=` one filter row (at `wr`) over input row `xr` for outputs `c0 + v`, tap by
 /// tap (any width, stride, dilation).
 #[inline(always)]
-unsafe fn row_taps<T: Element>(g: &ConvGeometry, xr: *const T, wr: *const T, c0: u32, acc: &mut [f32; COLS]) {
+unsafe fn row_taps<T: Element>(
+    g: &ConvGeometry,
+    xr: *const T,
+    wr: *const T,
+    c0: u32,
+    acc: &mut [f32; COLS],
+) {
     for f2 in 0..g.filter[2] {
         let wv = T::load(wr.add((g.filter_at(2, f2) * g.w[4]) as usize));
         unrolled!(v in COLS => {
@@ -95,9 +101,17 @@ unsafe fn rows_with<T: Element, const SW: usize, const ST: usize>(
     let mut item = block_idx_x() * DW_THREADS + thread_idx_x();
     let step = grid_dim_x() * DW_THREADS;
     while item < p.items.len {
-        let PoolCoord { n, c: k, s: [o0, o1, group] } = p.items.at(item);
+        let PoolCoord {
+            n,
+            c: k,
+            s: [o0, o1, group],
+        } = p.items.at(item);
         let c0 = group * COLS as u32;
-        let ci = if g.k_per_group == 1 { k } else { k / g.k_per_group };
+        let ci = if g.k_per_group == 1 {
+            k
+        } else {
+            k / g.k_per_group
+        };
         let xb = x.add((n * g.x[0] + ci * g.x[1]) as usize);
         let wb = w.add((k * g.w[0]) as usize);
         let mut acc = [0f32; COLS];
@@ -117,9 +131,25 @@ unsafe fn rows_with<T: Element, const SW: usize, const ST: usize>(
             &p.ops,
             acc,
             T::LOW_PRECISION,
-            || core::array::from_fn(|v| if (v as u32) < count { T::load(yr.add(v * ys)) } else { 0.0 }),
+            || {
+                core::array::from_fn(|v| {
+                    if (v as u32) < count {
+                        T::load(yr.add(v * ys))
+                    } else {
+                        0.0
+                    }
+                })
+            },
             |_| [T::load(bias.add(k as usize)); COLS],
-            || core::array::from_fn(|v| if (v as u32) < count { T::load(zr.add(v * zs)) } else { 0.0 }),
+            || {
+                core::array::from_fn(|v| {
+                    if (v as u32) < count {
+                        T::load(zr.add(v * zs))
+                    } else {
+                        0.0
+                    }
+                })
+            },
         );
         let vector_bytes = COLS * size_of::<T>();
         if count == COLS as u32 && ys == 1 && (yr as usize) % vector_bytes == 0 {
@@ -154,57 +184,9 @@ unsafe fn rows<T: Element>(
     }
 }
 
-/// `acc[j] +=` one filter row (at `wr`) over input row `xr` (channel vector at `xr`) for
-/// pixels `c0 + j`: with `SW > 0` (width `SW`, stride `ST`, dilation 1) the
-/// `(PIXELS - 1) * ST + SW` input vectors the pixels share are loaded once; `SW == 0`
-/// reads tap by tap.
-#[inline(always)]
-unsafe fn vec_row<T: Element, const VEC: usize, const SW: usize, const ST: usize>(
-    g: &ConvGeometry,
-    xr: *const T,
-    wr: *const T,
-    c0: u32,
-    acc: &mut [[f32; VEC]; PIXELS],
-) {
-    let weights = |f2: u32| -> [f32; VEC] {
-        let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
-        core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)))
-    };
-    if SW == 0 {
-        for f2 in 0..g.filter[2] {
-            let wv = weights(f2);
-            unrolled!(j in PIXELS => {
-                if let Some(i2) = g.input_at(2, c0 + j as u32, f2) {
-                    let xv = T::unpack::<VEC>(T::load_raw::<VEC>(xr.add((i2 * g.x[4]) as usize), true));
-                    unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
-                }
-            });
-        }
-        return;
-    }
-    let first = (c0 * ST as u32).wrapping_sub(g.pad[2]);
-    let mut win = [[0u32; 4]; VEC_WINDOW];
-    unrolled!(i in (PIXELS - 1) * ST + SW => {
-        let c = first.wrapping_add(i as u32);
-        if c < g.input[2] {
-            win[i] = T::load_raw::<VEC>(xr.add((c * g.x[4]) as usize), true);
-        }
-    });
-    unrolled!(s in SW => {
-        let wv = weights(s as u32);
-        unrolled!(j in PIXELS => {
-            let xv = T::unpack::<VEC>(win[j * ST + s]);
-            unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
-        });
-    });
-}
-
-/// Raw input vectors of [`vec_row`]'s window.
-const VEC_WINDOW: usize = 16;
-
 /// The channels-last kernel: `VEC` channels (16 bytes) of [`PIXELS`] pixels per thread.
 #[inline(always)]
-unsafe fn vec_with<T: Element, const VEC: usize, const SW: usize, const ST: usize>(
+unsafe fn vec<T: Element, const VEC: usize>(
     p: &ConvDepthwiseParams,
     x: *const T,
     w: *const T,
@@ -216,14 +198,28 @@ unsafe fn vec_with<T: Element, const VEC: usize, const SW: usize, const ST: usiz
     let mut item = block_idx_x() * DW_THREADS + thread_idx_x();
     let step = grid_dim_x() * DW_THREADS;
     while item < p.items.len {
-        let PoolCoord { n, c: cv, s: [o0, o1, group] } = p.items.at(item);
+        let PoolCoord {
+            n,
+            c: cv,
+            s: [o0, o1, group],
+        } = p.items.at(item);
         let k = cv * VEC as u32;
         let c0 = group * PIXELS as u32;
         let xb = x.add((n * g.x[0] + k) as usize);
         let wb = w.add((k * g.w[0]) as usize);
         let mut acc = [[0f32; VEC]; PIXELS];
         for_each_row(g, o0, o1, |xo, wo| {
-            vec_row::<T, VEC, SW, ST>(g, xb.add(xo as usize), wb.add(wo as usize), c0, &mut acc);
+            let (xr, wr) = (xb.add(xo as usize), wb.add(wo as usize));
+            for f2 in 0..g.filter[2] {
+                let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
+                let wv: [f32; VEC] = core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)));
+                unrolled!(j in PIXELS => {
+                    if let Some(i2) = g.input_at(2, c0 + j as u32, f2) {
+                        let xv = T::unpack::<VEC>(T::load_raw::<VEC>(xr.add((i2 * g.x[4]) as usize), true));
+                        unrolled!(e in VEC => acc[j][e] = fma(xv[e], wv[e], acc[j][e]));
+                    }
+                });
+            }
         });
         unrolled!(j in PIXELS => {
             let o2 = c0 + j as u32;
@@ -243,23 +239,6 @@ unsafe fn vec_with<T: Element, const VEC: usize, const SW: usize, const ST: usiz
             }
         });
         item += step;
-    }
-}
-
-#[inline(always)]
-unsafe fn vec<T: Element, const VEC: usize>(
-    p: &ConvDepthwiseParams,
-    x: *const T,
-    w: *const T,
-    y: *mut T,
-    bias: *const T,
-    z: *const T,
-) {
-    let g = &p.geo;
-    match (g.filter[2], g.stride[2], g.dilation[2]) {
-        (3, 1, 1) => vec_with::<T, VEC, 3, 1>(p, x, w, y, bias, z),
-        (3, 2, 1) => vec_with::<T, VEC, 3, 2>(p, x, w, y, bias, z),
-        _ => vec_with::<T, VEC, 0, 0>(p, x, w, y, bias, z),
     }
 }
 

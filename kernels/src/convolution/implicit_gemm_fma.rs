@@ -4,10 +4,10 @@
 //! Per group (grid y), the GEMM multiplies the pixels' im2col rows by the filter's rows:
 //! `acc[pixel, k] = sum_kk x[pixel's tap of kk, channel of kk] * w[k, kk]` over
 //! `gemm_k = c_per_group * taps`. At the start each block builds two tap tables in shared
-//! memory (x offset and `f * dilation` per spatial dim; filter offset). Per tile, each
-//! gathered pixel's `(n, o)`, its input offset and a mask of the taps that fall inside x
-//! (at most 64 taps) are computed once, so that a gathered element costs the (channel,
-//! tap) of its `kk`, a mask bit, one table read and the load.
+//! memory (x offset and `f * dilation` per spatial dim; filter offset), so that a
+//! gathered element costs one division of `kk` into (channel, tap), one table read, the
+//! padding checks and the load. A pixel's `(n, o)` and its top-left input corner are
+//! computed once per tile.
 //!
 //! * `kp`: GEMM rows = output channels (A = filter, K-fast), columns = pixels (B = im2col,
 //!   pixel-fast), `kk` channel-outer: consecutive threads gather and store consecutive
@@ -19,14 +19,12 @@
 //! Both are correct for any strides, groups, dilations and modes.
 
 use crate::device::{
-    block_idx_x, block_idx_y, dynamic_smem, grid_dim_y, ld_shared_u32, ld_shared_v4,
-    st_shared_u32, st_shared_v4, sync_threads, thread_idx_x,
+    block_idx_x, block_idx_y, dynamic_smem, grid_dim_y, ld_shared_u32, ld_shared_v4, st_shared_u32,
+    st_shared_v4, sync_threads, thread_idx_x,
 };
 use crate::epilogue;
 use crate::gemm::{fma_slot, fma_stage_bytes, fma_tile, Epilogue, Gather, FMA_BK, FMA_THREADS};
-use oxidnn_params::{
-    fma_shared_bytes, tile_coords, ConvGeometry, ConvImplicitGemmParams,
-};
+use oxidnn_params::{fma_shared_bytes, tile_coords, ConvGeometry, ConvImplicitGemmParams};
 
 /// Fills the block's tap tables (see the module doc) at shared `xtab` (16 bytes a tap)
 /// and `wtab` (4 bytes a tap), then waits for the whole block.
@@ -68,68 +66,69 @@ fn split<const C_OUTER: bool>(p: &ConvImplicitGemmParams, kk: u32) -> (u32, u32)
 
 /// The im2col operand: `ROWS` output pixels from `origin` by `gemm_k`. K-fast (`KF`,
 /// channel-inner `kk`): each thread gathers one `kk` for `PER` pixels. Pixel-fast
-/// (channel-outer `kk`): each thread gathers `PER` `kk`s of one pixel, `256 / ROWS`
-/// apart, stepping (channel, tap) without dividing again.
+/// (channel-outer `kk`): each thread gathers `PER` `kk`s of one pixel.
 pub struct PixelGather<'a, const ROWS: u32, const PER: usize, const KF: bool> {
     p: &'a ConvImplicitGemmParams,
     /// x at channel 0 of the group.
     x: *const f32,
     /// Per slot (slot 0 only when pixel-fast): the offset of the pixel's input corner
-    /// `o * stride - pad` (wrapping: it may lie in the padding), and a bit per tap that
-    /// reads inside x (0 for pixels past the output).
+    /// `o * stride - pad` (wrapping: it may lie in the padding) and that corner.
     base: [u32; PER],
-    mask: [u64; PER],
+    corner: [[u32; 3]; PER],
     xtab: u32,
-    /// Pixel-fast: the (channel, tap) step between a thread's slots.
-    step: (u32, u32),
 }
 
 impl<'a, const ROWS: u32, const PER: usize, const KF: bool> PixelGather<'a, ROWS, PER, KF> {
     #[inline(always)]
-    unsafe fn new(p: &'a ConvImplicitGemmParams, x: *const f32, group: u32, origin: u32, xtab: u32) -> Self {
+    unsafe fn new(
+        p: &'a ConvImplicitGemmParams,
+        x: *const f32,
+        group: u32,
+        origin: u32,
+        xtab: u32,
+    ) -> Self {
         let g = &p.geo;
-        let taps = g.taps();
         let mut base = [0u32; PER];
-        let mut mask = [0u64; PER];
+        let mut corner = [[0u32; 3]; PER];
         crate::unrolled!(i in (if KF { PER } else { 1 }) => {
             let (mn, _) = fma_slot::<ROWS>(KF, i as u32);
             let m = origin + mn;
             if m < p.m_pixels {
                 let (n, o) = p.pixels.at(m);
                 let mut b = n.wrapping_mul(g.x[0]);
-                let mut corner = [0u32; 3];
                 for j in 0..3 {
-                    corner[j] = (o[j] * g.stride[j]).wrapping_sub(g.pad[j]);
-                    b = b.wrapping_add(corner[j].wrapping_mul(g.x[2 + j]));
+                    let c = (o[j] * g.stride[j]).wrapping_sub(g.pad[j]);
+                    corner[i][j] = c;
+                    b = b.wrapping_add(c.wrapping_mul(g.x[2 + j]));
                 }
                 base[i] = b;
-                let mut bits = 0u64;
-                for t in 0..taps {
-                    let e = ld_shared_v4(xtab + t * 16);
-                    let inside = corner[0].wrapping_add(e[1]) < g.input[0]
-                        && corner[1].wrapping_add(e[2]) < g.input[1]
-                        && corner[2].wrapping_add(e[3]) < g.input[2];
-                    bits |= (inside as u64) << t;
-                }
-                mask[i] = bits;
+            } else {
+                // A corner past any extent: `corner + f * d` stays >= 2^31 (f * d < 2^31),
+                // so every tap of this pixel reads as padding.
+                corner[i][0] = 0x8000_0000;
             }
         });
         Self {
             p,
             x: x.add((group * g.c_per_group * g.x[1]) as usize),
             base,
-            mask,
+            corner,
             xtab,
-            step: p.inner.div_rem(FMA_THREADS / ROWS),
         }
     }
 
-    /// Slot `s`'s pixel at channel `c` and tap `tap`, or 0 in the padding.
+    /// The element of slot `s`'s pixel at channel `c`, tap entry `t`, or 0 in the padding.
     #[inline(always)]
-    unsafe fn element(&self, s: usize, c: u32, tap: u32) -> f32 {
-        if (self.mask[s] >> tap) & 1 != 0 {
-            let t = ld_shared_u32(self.xtab + tap * 16);
-            let off = self.base[s].wrapping_add(c.wrapping_mul(self.p.geo.x[1])).wrapping_add(t);
+    unsafe fn element(&self, s: usize, c: u32, t: [u32; 4]) -> f32 {
+        let g = &self.p.geo;
+        let cr = self.corner[s];
+        let inside = cr[0].wrapping_add(t[1]) < g.input[0]
+            && cr[1].wrapping_add(t[2]) < g.input[1]
+            && cr[2].wrapping_add(t[3]) < g.input[2];
+        if inside {
+            let off = self.base[s]
+                .wrapping_add(c.wrapping_mul(g.x[1]))
+                .wrapping_add(t[0]);
             *self.x.add(off as usize)
         } else {
             0.0
@@ -137,7 +136,9 @@ impl<'a, const ROWS: u32, const PER: usize, const KF: bool> PixelGather<'a, ROWS
     }
 }
 
-impl<const ROWS: u32, const PER: usize, const KF: bool> Gather<PER> for PixelGather<'_, ROWS, PER, KF> {
+impl<const ROWS: u32, const PER: usize, const KF: bool> Gather<PER>
+    for PixelGather<'_, ROWS, PER, KF>
+{
     #[inline(always)]
     fn k_fast(&self) -> bool {
         KF
@@ -146,25 +147,22 @@ impl<const ROWS: u32, const PER: usize, const KF: bool> Gather<PER> for PixelGat
     #[inline(always)]
     unsafe fn fetch(&self, kt: u32) -> [f32; PER] {
         let mut v = [0f32; PER];
-        let (_, k) = fma_slot::<ROWS>(KF, 0);
-        let kk = kt * FMA_BK + k;
         if KF {
+            let (_, k) = fma_slot::<ROWS>(true, 0);
+            let kk = kt * FMA_BK + k;
             if kk < self.p.gemm_k {
                 let (c, tap) = split::<false>(self.p, kk);
-                crate::unrolled!(i in PER => v[i] = self.element(i, c, tap));
+                let t = ld_shared_v4(self.xtab + tap * 16);
+                crate::unrolled!(i in PER => v[i] = self.element(i, c, t));
             }
         } else {
-            let taps = self.p.inner.divisor;
-            let (mut c, mut tap) = split::<true>(self.p, kk);
             crate::unrolled!(i in PER => {
-                if kk + i as u32 * (FMA_THREADS / ROWS) < self.p.gemm_k {
-                    v[i] = self.element(0, c, tap);
-                }
-                tap += self.step.1;
-                c += self.step.0;
-                if tap >= taps {
-                    tap -= taps;
-                    c += 1;
+                let (_, k) = fma_slot::<ROWS>(false, i as u32);
+                let kk = kt * FMA_BK + k;
+                if kk < self.p.gemm_k {
+                    let (c, tap) = split::<true>(self.p, kk);
+                    let t = ld_shared_v4(self.xtab + tap * 16);
+                    v[i] = self.element(0, c, t);
                 }
             });
         }
@@ -183,9 +181,17 @@ pub struct FilterGather<'a, const ROWS: u32, const PER: usize, const C_OUTER: bo
     wtab: u32,
 }
 
-impl<'a, const ROWS: u32, const PER: usize, const C_OUTER: bool> FilterGather<'a, ROWS, PER, C_OUTER> {
+impl<'a, const ROWS: u32, const PER: usize, const C_OUTER: bool>
+    FilterGather<'a, ROWS, PER, C_OUTER>
+{
     #[inline(always)]
-    unsafe fn new(p: &'a ConvImplicitGemmParams, w: *const f32, group: u32, origin: u32, wtab: u32) -> Self {
+    unsafe fn new(
+        p: &'a ConvImplicitGemmParams,
+        w: *const f32,
+        group: u32,
+        origin: u32,
+        wtab: u32,
+    ) -> Self {
         let g = &p.geo;
         let row = core::array::from_fn(|i| {
             let (mn, _) = fma_slot::<ROWS>(true, i as u32);
@@ -200,7 +206,9 @@ impl<'a, const ROWS: u32, const PER: usize, const C_OUTER: bool> FilterGather<'a
     }
 }
 
-impl<const ROWS: u32, const PER: usize, const C_OUTER: bool> Gather<PER> for FilterGather<'_, ROWS, PER, C_OUTER> {
+impl<const ROWS: u32, const PER: usize, const C_OUTER: bool> Gather<PER>
+    for FilterGather<'_, ROWS, PER, C_OUTER>
+{
     #[inline(always)]
     fn k_fast(&self) -> bool {
         true
@@ -377,5 +385,3 @@ implicit_gemm_kernels!(128, 128);
 implicit_gemm_kernels!(64, 128);
 implicit_gemm_kernels!(128, 64);
 implicit_gemm_kernels!(64, 64);
-implicit_gemm_kernels!(64, 256);
-implicit_gemm_kernels!(256, 64);

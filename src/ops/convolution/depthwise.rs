@@ -2,7 +2,7 @@
 //! (groups == c, one input channel per group, any channel multiplier), every dtype, any
 //! filter, stride, dilation, padding and mode. Channels-last x and y with 16-byte channel
 //! vectors (and multiplier 1) run `conv_fwd_depthwise_vec_<dtype>` (one thread per
-//! channel vector of two output pixels, input windows in registers); everything else `conv_fwd_depthwise_rows_<dtype>`
+//! channel vector of two output pixels); everything else `conv_fwd_depthwise_rows_<dtype>`
 //! (one thread per four consecutive outputs of a row, input windows in registers).
 
 use super::{Call, Problem};
@@ -32,13 +32,14 @@ fn vector(call: &Call, y_ptr: u64) -> Option<u32> {
     let g = &call.p.geo;
     let size = call.p.dtype.size_bytes() as u32;
     let vec = 16 / size;
-    let aligned = |s: &[u32; 5]| s[1] == 1 && [0, 2, 3, 4].iter().all(|&d| s[d] % vec == 0);
+    let aligned =
+        |s: &[u32; 5]| s[1] == 1 && [0, 2, 3, 4].iter().all(|&d| s[d].is_multiple_of(vec));
     let ok = g.k_per_group == 1
-        && g.k % vec == 0
+        && g.k.is_multiple_of(vec)
         && aligned(&g.x)
         && aligned(&g.y)
-        && call.ptrs.x % 16 == 0
-        && y_ptr % 16 == 0;
+        && call.ptrs.x.is_multiple_of(16)
+        && y_ptr.is_multiple_of(16);
     ok.then_some(vec)
 }
 
@@ -67,7 +68,13 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         None => (
             "rows",
             items(
-                [g.n as usize, g.k as usize, o0, o1, o2.div_ceil(DW_COLS as usize)],
+                [
+                    g.n as usize,
+                    g.k as usize,
+                    o0,
+                    o1,
+                    o2.div_ceil(DW_COLS as usize),
+                ],
                 false,
             )?,
         ),
