@@ -1087,3 +1087,256 @@ fn winograd_timing_resnet50() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// ImplicitGemm (exact f32 on CUDA cores) and Depthwise
+// ---------------------------------------------------------------------------------------
+
+/// A 2-D case with the given geometry and layouts (no epilogue beyond alpha/beta).
+#[allow(clippy::too_many_arguments)]
+fn case2d(
+    dtype: DataType,
+    math: MathType,
+    (n, c, k, hw): (usize, usize, usize, [usize; 2]),
+    (filter, pad, stride, dilation, groups): (usize, usize, usize, usize, usize),
+    layout: Layout,
+    mode: ConvMode,
+) -> Case {
+    let conv = ConvolutionDescriptor::new(&[pad; 2], &[stride; 2], &[dilation; 2], mode, math)
+        .unwrap()
+        .with_groups(groups)
+        .unwrap();
+    let fl = match layout {
+        Layout::ChannelsLast => FilterLayout::Krsc,
+        _ => FilterLayout::Kcrs,
+    };
+    let x = TensorDescriptor::spatial(dtype, n, c, &hw, layout).unwrap();
+    let w = FilterDescriptor::new(dtype, fl, k, c / groups, &[filter; 2]).unwrap();
+    let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+    let y = TensorDescriptor::spatial(dtype, yd[0], yd[1], &yd[2..], layout).unwrap();
+    Case {
+        dtype,
+        math,
+        conv,
+        x,
+        w,
+        y,
+        alpha: 1.0,
+        beta: 0.0,
+        bias: false,
+        residual: false,
+        activation: ActivationDescriptor::identity(),
+    }
+}
+
+/// Runs `algo` on `case` (exactly, on integers, when `exact`) with a bias, a residual and
+/// relu, and checks it against the reference.
+fn check_forced(h: &Handle, mut case: Case, algo: ConvFwdAlgo, exact: bool, seed: u64) {
+    case.bias = true;
+    case.residual = true;
+    case.activation = ActivationDescriptor::relu();
+    case.beta = 1.0;
+    let inputs = Inputs::draw(&case, exact, &mut rng(seed));
+    let want = inputs.reference(&case);
+    let perf = ConvFwdAlgoPerf {
+        algo,
+        time_ms: 0.0,
+        workspace_bytes: 0,
+        deterministic: true,
+        reduced_precision: false,
+    };
+    let tol = if exact { 0.0 } else { case.tolerance(&perf) };
+    run_and_check(h, &case, &inputs, algo, &want, tol);
+}
+
+#[test]
+fn implicit_gemm_is_exact_on_resnet_like_layers() {
+    with_gpu("implicit_gemm_is_exact_on_resnet_like_layers", |h| {
+        let f32 = DataType::F32;
+        for (i, layout) in [Layout::ChannelsFirst, Layout::ChannelsLast]
+            .into_iter()
+            .enumerate()
+        {
+            for (j, (dims, geo)) in [
+                ((2, 64, 64, [14, 14]), (3, 1, 1, 1, 1)),
+                ((3, 48, 80, [9, 11]), (3, 1, 2, 1, 1)),
+                ((2, 256, 64, [7, 7]), (1, 0, 1, 1, 1)),
+                ((1, 3, 64, [23, 23]), (7, 3, 2, 1, 1)),
+                ((2, 32, 96, [10, 10]), (3, 2, 1, 2, 4)),
+                ((2, 24, 24, [9, 9]), (3, 1, 1, 1, 24)),
+                ((1, 130, 129, [5, 6]), (2, 4, 3, 1, 1)),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                for mode in [XCORR, ConvMode::Convolution] {
+                    let case = case2d(f32, MathType::Fma, dims, geo, layout, mode);
+                    check_forced(
+                        h,
+                        case,
+                        ConvFwdAlgo::ImplicitGemm,
+                        true,
+                        (10 * i + j) as u64,
+                    );
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn depthwise_matches_the_reference_on_mobilenet_like_layers() {
+    with_gpu(
+        "depthwise_matches_the_reference_on_mobilenet_like_layers",
+        |h| {
+            for dt in [DataType::F32, DataType::F16, DataType::BF16] {
+                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                    for (seed, (dims, geo)) in [
+                        ((2, 32, 32, [17, 17]), (3, 1, 1, 1, 32)),
+                        ((2, 64, 64, [18, 19]), (3, 1, 2, 1, 64)),
+                        ((3, 40, 40, [7, 7]), (5, 2, 1, 1, 40)),
+                        ((1, 24, 24, [11, 13]), (5, 2, 2, 1, 24)),
+                        ((2, 16, 32, [9, 9]), (3, 1, 1, 1, 16)), // multiplier 2
+                        ((2, 12, 12, [10, 10]), (3, 2, 1, 2, 12)), // dilation 2
+                        ((1, 8, 8, [6, 6]), (7, 4, 3, 1, 8)),
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        let math = MathType::Fma;
+                        let case = case2d(dt, math, dims, geo, layout, XCORR);
+                        let exact = dt == DataType::F32;
+                        check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64);
+                        let case = case2d(dt, math, dims, geo, layout, ConvMode::Convolution);
+                        check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed as u64 + 100);
+                    }
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn implicit_gemm_and_depthwise_decline_with_reasons() {
+    for h in handles() {
+        let conv = conv2d(1, 1, 1, MathType::Fma);
+        let ask = |dt: DataType, c: usize, groups: usize, algo: ConvFwdAlgo| {
+            let conv = conv.with_groups(groups).unwrap();
+            let x = TensorDescriptor::nchw(dt, 1, c, 8, 8).unwrap();
+            let w = FilterDescriptor::new(dt, FilterLayout::Kcrs, c, c / groups, &[3, 3]).unwrap();
+            let y = TensorDescriptor::nchw(dt, 1, c, 8, 8).unwrap();
+            convolution_forward_workspace_size(h, &x, &w, &conv, &y, algo)
+        };
+        assert!(ask(DataType::F32, 8, 1, ConvFwdAlgo::ImplicitGemm).is_ok());
+        let e = ask(DataType::F16, 8, 1, ConvFwdAlgo::ImplicitGemm).unwrap_err();
+        assert!(e.to_string().contains("exact f32"), "{e}");
+        assert!(ask(DataType::F16, 8, 8, ConvFwdAlgo::Depthwise).is_ok());
+        let e = ask(DataType::F32, 8, 2, ConvFwdAlgo::Depthwise).unwrap_err();
+        assert!(e.to_string().contains("not depthwise"), "{e}");
+    }
+}
+
+/// Timings of ImplicitGemm and Depthwise against Direct (`find`, median of 5) on ResNet-50
+/// (N = 32, f32 NCHW) and MobileNet (N = 64, f32 NCHW and f16 NHWC) layers:
+/// `cargo test --release --test convolution -- --ignored --nocapture time_`.
+#[test]
+#[ignore]
+fn time_implicit_gemm_and_depthwise() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    let run = |h: &Handle, case: &Case, label: &str| {
+        let mut r = rng(7);
+        let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
+        let w = h
+            .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+            .unwrap();
+        let mut y = h.alloc(&case.y).unwrap();
+        let found = find_convolution_forward_algorithm(
+            h, &case.x, &x, &case.w, &w, &case.conv, &case.y, &mut y, None,
+        )
+        .unwrap();
+        let flops = 2.0 * case.y.dims().iter().product::<usize>() as f64 * case.reduction() as f64;
+        let bytes = (case.x.dims().iter().product::<usize>()
+            + case.w.dims().iter().product::<usize>()
+            + case.y.dims().iter().product::<usize>()) as f64
+            * case.dtype.size_bytes() as f64;
+        for p in &found {
+            let s = p.time_ms as f64 * 1e-3;
+            println!(
+                "{label:<34} {:<13?} {:8.4} ms {:7.2} TFLOPS {:7.1} GB/s",
+                p.algo,
+                p.time_ms,
+                flops / s * 1e-12,
+                bytes / s * 1e-9
+            );
+        }
+    };
+    let xc = XCORR;
+    for (label, dims, geo) in [
+        (
+            "resnet c64k64 56x56 3x3",
+            (32, 64, 64, [56, 56]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c128k128 28x28 3x3",
+            (32, 128, 128, [28, 28]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c256k256 14x14 3x3",
+            (32, 256, 256, [14, 14]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c512k512 7x7 3x3",
+            (32, 512, 512, [7, 7]),
+            (3, 1, 1, 1, 1),
+        ),
+        (
+            "resnet c256k64 56x56 1x1",
+            (32, 256, 64, [56, 56]),
+            (1, 0, 1, 1, 1),
+        ),
+        (
+            "resnet c64k256 56x56 1x1",
+            (32, 64, 256, [56, 56]),
+            (1, 0, 1, 1, 1),
+        ),
+    ] {
+        let case = case2d(
+            DataType::F32,
+            MathType::Fma,
+            dims,
+            geo,
+            Layout::ChannelsFirst,
+            xc,
+        );
+        run(h, &case, label);
+    }
+    for (dt, layout) in [
+        (DataType::F32, Layout::ChannelsFirst),
+        (DataType::F16, Layout::ChannelsLast),
+        (DataType::F32, Layout::ChannelsLast),
+    ] {
+        for (label, c, hw, stride) in [
+            ("mnv1 c32 112x112 s1", 32, 112, 1),
+            ("mnv1 c64 112x112 s2", 64, 112, 2),
+            ("mnv1 c512 14x14 s1", 512, 14, 1),
+            ("mnv1 c1024 7x7 s1", 1024, 7, 1),
+            ("mnv2 c144 56x56 s1", 144, 56, 1),
+            ("mnv2 c960 7x7 s1", 960, 7, 1),
+        ] {
+            let case = case2d(
+                dt,
+                MathType::Fma,
+                (64, c, c, [hw, hw]),
+                (3, 1, stride, 1, c),
+                layout,
+                xc,
+            );
+            run(h, &case, &format!("{label} {} {layout:?}", dt.name()));
+        }
+    }
+}

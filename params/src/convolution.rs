@@ -156,3 +156,61 @@ pub struct ConvWinogradParams {
 
 /// Threads per block of the Winograd transform kernels.
 pub const CONV_WINOGRAD_THREADS: u32 = 256;
+/// Parameters of `conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32`: per group `g` (grid y), the
+/// exact-f32 GEMM `acc[pixel, k] = sum_kk im2col(x)[pixel, kk] * w[k, kk]` over
+/// `gemm_k = c_per_group * taps` products, `kk` ordered channel-outer (`kk = c * taps +
+/// tap`, `kp` kernels) or channel-inner (`kk = tap * c_per_group + c`, `pk` kernels).
+/// `kp` kernels make the output channels the GEMM's rows and the pixels its columns (for
+/// pixel-contiguous x and y, NCHW); `pk` kernels the other way round (channels-last).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvImplicitGemmParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    /// Decomposes the flat output pixel (`n * p0 * p1 * p2` of them).
+    pub pixels: PixelIndex,
+    /// Splits `kk` into (outer, inner): divisor `taps` (`kp`) or `c_per_group` (`pk`).
+    pub inner: FastDivisor,
+    /// Output pixels of all images.
+    pub m_pixels: u32,
+    /// `c_per_group * taps`.
+    pub gemm_k: u32,
+    /// Output tiles along the GEMM's rows and columns.
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+}
+
+/// Most filter taps (`t * r * s`) the implicit-GEMM kernels keep offset tables for in
+/// shared memory.
+pub const CONV_IGEMM_MAX_TAPS: u32 = 1024;
+
+/// Shared bytes of the implicit-GEMM tap tables: per tap `[x offset, f0 * d0, f1 * d1,
+/// f2 * d2]` (16 bytes) and the filter offset (4 bytes).
+pub const fn conv_igemm_table_bytes(taps: u32) -> u32 {
+    taps * 20
+}
+
+/// Parameters of the depthwise kernels (groups == c, one input channel per group: output
+/// channel `k` reads input channel `k / k_per_group`).
+///
+/// * `conv_fwd_depthwise_rows_<dtype>`: one thread per [`DW_COLS`] consecutive outputs
+///   along the innermost spatial dim of one `(n, k, o0, o1)` row; `items` over `[n, k, o0,
+///   o1, column groups]`, column groups fastest. Any layout.
+/// * `conv_fwd_depthwise_vec_<dtype>`: channels-last, one thread per 16-byte vector of
+///   channels (`16 / size` of them) of [`DW_PIXELS`] consecutive outputs along the
+///   innermost spatial dim; `items` over `[n, channel vectors, o0, o1, pixel groups]`,
+///   channel vectors fastest.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvDepthwiseParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    pub items: PoolItems,
+}
+
+/// Consecutive output columns one `rows` depthwise thread computes.
+pub const DW_COLS: u32 = 4;
+/// Consecutive output pixels one `vec` depthwise thread computes.
+pub const DW_PIXELS: u32 = 2;
+/// Threads per block of the depthwise kernels.
+pub const DW_THREADS: u32 = 256;

@@ -24,6 +24,10 @@ pub use batch_norm::{
     BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
+pub use convolution::{
+    conv_igemm_table_bytes, ConvDepthwiseParams, ConvImplicitGemmParams, CONV_IGEMM_MAX_TAPS,
+    DW_COLS, DW_PIXELS, DW_THREADS,
+};
 pub use convolution::{ConvFwdParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS};
 pub use convolution::{ConvWinogradParams, CONV_WINOGRAD_THREADS};
 pub use divisor::FastDivisor;

@@ -37,8 +37,10 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
+mod depthwise;
 mod direct;
 mod gemm_1x1;
+mod implicit_gemm;
 mod winograd;
 
 use super::activation::ActivationDescriptor;
@@ -913,6 +915,8 @@ impl Problem {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
             ConvFwdAlgo::Winograd => winograd::declines(self),
+            ConvFwdAlgo::ImplicitGemm => implicit_gemm::declines(self),
+            ConvFwdAlgo::Depthwise => depthwise::declines(self),
             _ => Some("not implemented yet".to_string()),
         };
         match why {
@@ -972,6 +976,8 @@ impl Problem {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
             ConvFwdAlgo::Winograd => winograd::launch(call, y),
+            ConvFwdAlgo::ImplicitGemm => implicit_gemm::launch(call, y),
+            ConvFwdAlgo::Depthwise => depthwise::launch(call, y),
             _ => Err(Error::unsupported(format!(
                 "{algo:?} is not implemented yet"
             ))),
