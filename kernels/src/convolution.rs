@@ -5,5 +5,8 @@
 //!
 //! * [`direct`]: one thread per output element, any layout, strides, groups, dims; the
 //!   always-correct fallback.
+//! * [`implicit_gemm`]: implicit GEMM on tensor cores (`mma.sync`, and `wgmma` in the
+//!   sm90a build, where `lib.rs` compiles this module alone).
 
 pub mod direct;
+pub mod implicit_gemm;

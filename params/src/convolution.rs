@@ -113,3 +113,34 @@ impl PixelIndex {
         (n, [o0, o1, o2])
     }
 }
+
+/// Parameters of the implicit-GEMM tensor-core kernels (`conv_fwd_igemm_tc_*`,
+/// `wgmma_conv_fwd_igemm_*`): per group `g` (grid y), the GEMM
+/// `y[pixel, k] = sum_kk A[pixel, kk] * B[k, kk]` with rows the `m` output pixels
+/// ([`PixelIndex`], `n` slowest), columns the group's `k_per_group` output channels, and
+/// `kk` running over the filter taps as stored (outer) and then the group's channels in
+/// blocks of one K tile (`BK` elements): K tile `kt` is tap `kt / c_tiles`, channels
+/// `(kt % c_tiles) * BK ..` (past `c_per_group` zero-filled). The tap is decomposed as
+/// `[t, r, s]` of the stored filter; in convolution mode the input is read at the
+/// reversed tap.
+///
+/// The grid is `(tiles_m * tiles_n, groups)`: block `(b, g)` computes output tile
+/// [`crate::tile_coords`]`(b)` of group `g`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGemmParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    pub pixels: PixelIndex,
+    /// K tiles per filter tap: `ceil(c_per_group / BK)` for the kernel's `BK`.
+    pub c_tiles: FastDivisor,
+    /// The filter's `r` and `s` extents (`geo.filter[1]`, `geo.filter[2]`).
+    pub filter_r: FastDivisor,
+    pub filter_s: FastDivisor,
+    /// Output pixels: `n * p0 * p1 * p2`.
+    pub m: u32,
+    /// K tiles in all: `taps * c_tiles`.
+    pub k_tiles: u32,
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+}

@@ -24,7 +24,9 @@ pub use batch_norm::{
     BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
-pub use convolution::{ConvFwdParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS};
+pub use convolution::{
+    ConvFwdParams, ConvGemmParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS,
+};
 pub use divisor::FastDivisor;
 pub use dropout::{
     dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,

@@ -39,6 +39,7 @@
 
 mod direct;
 mod gemm_1x1;
+mod implicit_gemm_tensor_op;
 
 use super::activation::ActivationDescriptor;
 use super::matmul::{epilogue_ops, MathType, Residual};
@@ -911,6 +912,7 @@ impl Problem {
         let why = match algo {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
+            ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::declines(self),
             _ => Some("not implemented yet".to_string()),
         };
         match why {
@@ -968,6 +970,7 @@ impl Problem {
         match algo {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
+            ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::launch(call, y),
             _ => Err(Error::unsupported(format!(
                 "{algo:?} is not implemented yet"
             ))),
