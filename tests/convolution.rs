@@ -911,9 +911,9 @@ fn implicit_gemm_tensor_op_matches_the_reference() {
 }
 
 /// ResNet-like problems large enough for each of the implicit GEMM's tiles to be the
-/// heuristic's choice on an H100 (`wgmma` 128x256 and 128x128, `mma.sync` 128x256 and
-/// 128x128 in f16/bf16 and tf32; the property tests cover 64x64), against the direct
-/// algorithm on the same GPU.
+/// heuristic's choice on an H100 (`wgmma` 128x256, 128x128 and 128x64, `mma.sync`
+/// 128x256, 128x128 and 128x64 in f16/bf16, 128x128 in tf32; the property tests cover
+/// 64x64), against the direct algorithm on the same GPU.
 #[test]
 fn implicit_gemm_tensor_op_matches_direct_on_large_problems() {
     use DataType::{BF16, F16, F32};
@@ -933,6 +933,15 @@ fn implicit_gemm_tensor_op_matches_direct_on_large_problems() {
             ..igemm(BF16, 2, 128, 256, &[270, 270])
         },
         igemm(F32, 2, 64, 128, &[80, 80]),
+        IgemmShape {
+            epilogue: true,
+            ..igemm(F16, 2, 64, 64, &[56, 56])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            groups: 2,
+            ..igemm(BF16, 2, 128, 128, &[270, 270])
+        },
     ];
     with_gpu(
         "implicit_gemm_tensor_op_matches_direct_on_large_problems",
@@ -1030,8 +1039,9 @@ fn implicit_gemm_tensor_op_declines_with_reasons() {
     }
 }
 
-/// Times the implicit GEMM (f16 NHWC, KRSC) on ResNet-50's 3x3 layers at N = 32 and 256
-/// and prints TFLOPS (`cargo test --release --test convolution -- --ignored --nocapture
+/// Times the implicit GEMM (NHWC, KRSC; f16 on every tile `IGEMM_TIMING_TILES` lists,
+/// comma-separated, empty for the heuristic's; bf16 and tf32 on the heuristic's) on
+/// ResNet-50's 3x3 layers at N = 32 and 256 and prints TFLOPS (`cargo test --release --test convolution -- --ignored --nocapture
 /// implicit_gemm_tensor_op_timing`; `OXIDNN_CONV_IGEMM_TILE` forces a tile).
 #[test]
 #[ignore]
@@ -1041,12 +1051,23 @@ fn implicit_gemm_tensor_op_timing() {
         .map(|v| v.split(',').map(str::to_string).collect())
         .unwrap_or_else(|_| vec![String::new()]);
     let shapes = [(64, 56), (128, 28), (256, 14), (512, 7)];
-    for dt in [DataType::F16] {
+    for dt in [DataType::F16, DataType::BF16, DataType::F32] {
+        let math = if dt == DataType::F32 {
+            MathType::Tf32
+        } else {
+            MathType::TensorOp
+        };
         for n in [32usize, 256] {
             for &(c, hw) in &shapes {
+                // The tile sweep in f16 only; bf16 and tf32 on the heuristic's tile.
+                let tiles = if dt == DataType::F16 {
+                    tiles.clone()
+                } else {
+                    vec![String::new()]
+                };
                 let x_desc = TensorDescriptor::nhwc(dt, n, c, hw, hw).unwrap();
                 let w_desc = FilterDescriptor::new(dt, FilterLayout::Krsc, c, c, &[3, 3]).unwrap();
-                let conv = conv2d(1, 1, 1, MathType::TensorOp);
+                let conv = conv2d(1, 1, 1, math);
                 let y_desc = TensorDescriptor::nhwc(dt, n, c, hw, hw).unwrap();
                 let mut x = h.alloc(&x_desc).unwrap();
                 let mut w = h.alloc(w_desc.tensor()).unwrap();

@@ -144,3 +144,21 @@ pub struct ConvGemmParams {
     pub tiles_m: u32,
     pub tiles_n: u32,
 }
+
+/// Pipeline depth of the implicit GEMM's `wgmma` `128 x bn` tile: matmul's
+/// ([`crate::wgmma_stages`]), except 4 for `bn = 64`, so that two blocks share an SM (a
+/// convolution's K is often short: each block's prologue and epilogue then hide behind the
+/// other's main loop).
+pub const fn conv_wgmma_stages(bn: u32) -> u32 {
+    if bn <= 64 {
+        4
+    } else {
+        crate::wgmma_stages(bn)
+    }
+}
+
+/// Dynamic shared memory of the implicit GEMM's `wgmma` `128 x bn` tile (as
+/// [`crate::wgmma_shared_bytes`], with [`conv_wgmma_stages`]).
+pub const fn conv_wgmma_shared_bytes(bn: u32) -> u32 {
+    (crate::WGMMA_BM + bn) * crate::MMA_BK_BYTES * conv_wgmma_stages(bn) + 1024
+}

@@ -25,7 +25,8 @@ pub use batch_norm::{
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
-    ConvFwdParams, ConvGemmParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS,
+    conv_wgmma_shared_bytes, conv_wgmma_stages, ConvFwdParams, ConvGemmParams, ConvGeometry,
+    PixelIndex, CONV_DIRECT_THREADS,
 };
 pub use divisor::FastDivisor;
 pub use dropout::{

@@ -41,7 +41,9 @@ use crate::gemm::{
     mma_stage_bytes, Sw128Atoms,
 };
 #[cfg(feature = "sm90a")]
-use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS};
+use oxidnn_params::{
+    conv_wgmma_shared_bytes, conv_wgmma_stages, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
+};
 
 /// The window origin of a row that lies past the output: no tap brings it inside.
 const OUTSIDE: u32 = 0x8000_0000;
@@ -457,9 +459,11 @@ mod sm80_kernels {
     use super::*;
     igemm_mma_kernel!(f16, F16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
     igemm_mma_kernel!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    igemm_mma_kernel!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
     igemm_mma_kernel!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
     igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
     igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
     igemm_mma_kernel!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
     igemm_mma_kernel!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
     igemm_mma_kernel!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
@@ -470,7 +474,7 @@ mod sm80_kernels {
 macro_rules! igemm_wgmma_kernel {
     ($dt:ident, $E:ty, $bn:literal) => {
         const _: () = assert!(
-            mma_stage_bytes(WGMMA_THREADS / 32, $bn) <= wgmma_shared_bytes($bn) - 1024
+            mma_stage_bytes(WGMMA_THREADS / 32, $bn) <= conv_wgmma_shared_bytes($bn) - 1024
                 && 64 * <$E as MmaElement>::BYTES == MMA_BK_BYTES
         );
         paste::paste! {
@@ -493,7 +497,7 @@ macro_rules! igemm_wgmma_kernel {
                     (x, w, y, bias, z),
                     #[inline(always)]
                     |la, lb, ep, row0, col0| {
-                        wgmma_tile::<$E, $bn, { wgmma_stages($bn) }, { $bn / 8 }, _, _, _>(
+                        wgmma_tile::<$E, $bn, { conv_wgmma_stages($bn) }, { $bn / 8 }, _, _, _>(
                             la, lb, p.k_tiles * BK, dynamic_smem(), ep, row0, col0,
                         )
                     },
@@ -508,6 +512,8 @@ mod sm90a_kernels {
     use super::*;
     igemm_wgmma_kernel!(f16, F16, 256);
     igemm_wgmma_kernel!(f16, F16, 128);
+    igemm_wgmma_kernel!(f16, F16, 64);
     igemm_wgmma_kernel!(bf16, Bf16, 256);
     igemm_wgmma_kernel!(bf16, Bf16, 128);
+    igemm_wgmma_kernel!(bf16, Bf16, 64);
 }

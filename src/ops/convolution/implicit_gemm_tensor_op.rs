@@ -18,8 +18,8 @@ use crate::kernels;
 use crate::launch::{Gpu, LaunchConfig};
 use crate::ops::matmul::MathType;
 use oxidnn_params::{
-    mma_shared_bytes, mma_threads, wgmma_shared_bytes, ConvGemmParams, FastDivisor, PixelIndex,
-    MMA_BK_BYTES, WGMMA_THREADS,
+    conv_wgmma_shared_bytes, mma_shared_bytes, mma_threads, ConvGemmParams, FastDivisor,
+    PixelIndex, MMA_BK_BYTES, WGMMA_THREADS,
 };
 
 /// One block tile of the implicit GEMM: `bm` pixels by `bn` output channels, on `wgmma`
@@ -33,32 +33,14 @@ struct Tile {
 
 /// The tiles in order of preference (largest first, Hopper's first); a dtype has the
 /// ones whose kernels exist.
-const TILES: [Tile; 5] = [
-    Tile {
-        bm: 128,
-        bn: 256,
-        wgmma: true,
-    },
-    Tile {
-        bm: 128,
-        bn: 128,
-        wgmma: true,
-    },
-    Tile {
-        bm: 128,
-        bn: 256,
-        wgmma: false,
-    },
-    Tile {
-        bm: 128,
-        bn: 128,
-        wgmma: false,
-    },
-    Tile {
-        bm: 64,
-        bn: 64,
-        wgmma: false,
-    },
+const TILES: [Tile; 7] = [
+    Tile::new(128, 256, true),
+    Tile::new(128, 128, true),
+    Tile::new(128, 64, true),
+    Tile::new(128, 256, false),
+    Tile::new(128, 128, false),
+    Tile::new(128, 64, false),
+    Tile::new(64, 64, false),
 ];
 
 /// The kernels' name for the operand type: the storage type, or `tf32` for f32 data.
@@ -70,6 +52,10 @@ fn operand_name(dtype: DataType) -> &'static str {
 }
 
 impl Tile {
+    const fn new(bm: u32, bn: u32, wgmma: bool) -> Self {
+        Self { bm, bn, wgmma }
+    }
+
     fn kernel(&self, dtype: DataType) -> Option<&'static str> {
         let name = if self.wgmma {
             format!(
@@ -99,7 +85,7 @@ impl Tile {
 
     fn shared_bytes(&self) -> u32 {
         if self.wgmma {
-            wgmma_shared_bytes(self.bn)
+            conv_wgmma_shared_bytes(self.bn)
         } else {
             mma_shared_bytes(self.bm, self.bn)
         }
@@ -182,10 +168,13 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     None
 }
 
-/// The tile for this problem on `gpu`: as matmul's heuristic, the largest tile whose
-/// blocks keep at least 3/4 of the SMs busy (8 blocks per SM when K < 256, where the
-/// epilogue dominates), else the smallest; `wgmma` only on sm_90a and for K >= 256; a
-/// tile whose columns would be mostly past the group's channels is skipped.
+/// The tile for this problem on `gpu`. Tiles whose columns would be mostly past the
+/// group's channels are skipped (the smallest stays). On sm_90a with K >= 256: the
+/// largest `wgmma` tile that gives at least 1.5 blocks per SM, else the smallest one that
+/// gives a third of the SMs a block (a half-empty wave of large `wgmma` tiles still beats
+/// full waves of `mma.sync` ones; ResNet-50's 3x3 layers, H100). Otherwise, as matmul's
+/// heuristic: the largest `mma.sync` tile whose blocks keep 3/4 of the SMs busy (8 blocks
+/// per SM when K < 256, where the epilogue dominates), else the smallest.
 ///
 /// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`) forces a tile, for tuning and
 /// tests; naming one without a kernel for the problem is an error.
@@ -194,20 +183,17 @@ fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     let (m, k_tiles) = gemm_extents(p);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
-    let wanted = if k < 256 {
-        8 * sms
-    } else {
-        (3 * sms).div_ceil(4)
-    };
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
-        .filter(|t| !t.wgmma || (gpu.is_sm90a() && k >= 256))
+        .filter(|t| !t.wgmma || gpu.is_sm90a())
         .filter_map(|t| t.kernel(p.dtype).map(|name| (t, name)))
         .collect();
     if let Ok(forced) = std::env::var("OXIDNN_CONV_IGEMM_TILE") {
         return available
             .iter()
-            .find(|(t, _)| forced == format!("{}x{}{}", t.bm, t.bn, if t.wgmma { "w" } else { "" }))
+            .find(|(t, _)| {
+                forced == format!("{}x{}{}", t.bm, t.bn, if t.wgmma { "w" } else { "" })
+            })
             .copied()
             .ok_or_else(|| {
                 Error::unsupported(format!(
@@ -217,12 +203,30 @@ fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     }
     let blocks =
         |t: &Tile| m.div_ceil(t.bm as u64) * g.k_per_group.div_ceil(t.bn) as u64 * g.groups as u64;
-    let fits = |t: &Tile| t.bn / 2 < g.k_per_group.max(32);
-    available
+    let fits = |t: &Tile| t.bn / 2 < g.k_per_group || t.bn == 64;
+    let wgmma: Vec<Tile> = available
         .iter()
-        .find(|(t, _)| fits(t) && blocks(t) >= wanted)
-        .or(available.last())
-        .copied()
+        .map(|&(t, _)| t)
+        .filter(|t| t.wgmma && k >= 256 && fits(t))
+        .collect();
+    let mma: Vec<Tile> = available
+        .iter()
+        .map(|&(t, _)| t)
+        .filter(|t| !t.wgmma && fits(t))
+        .collect();
+    let wanted = if k < 256 {
+        8 * sms
+    } else {
+        (3 * sms).div_ceil(4)
+    };
+    let tile = wgmma
+        .iter()
+        .find(|t| 2 * blocks(t) >= 3 * sms)
+        .or(wgmma.last().filter(|t| 3 * blocks(t) >= sms))
+        .or(mma.iter().find(|t| blocks(t) >= wanted))
+        .or(mma.last())
+        .copied();
+    tile.and_then(|t| available.iter().find(|(a, _)| *a == t).copied())
         .ok_or_else(|| {
             Error::unsupported(format!(
                 "no implicit-GEMM tensor-core kernel for {}",
