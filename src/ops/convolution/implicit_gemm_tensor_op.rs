@@ -75,6 +75,17 @@ impl Tile {
         kernels::lookup(&name)
     }
 
+    /// Relative time of one block of a `wgmma` tile in a full wave, measured on H100
+    /// (ResNet-50's 14x14 x 256 3x3 layer at N = 256: 128x256 0.116 ms on 392 blocks,
+    /// 128x128 0.150 on 784, 128x64 0.174 on 1568), scaled to 256 for 128x256.
+    fn wgmma_cost(&self) -> u64 {
+        match self.bn {
+            256 => 256,
+            128 => 165,
+            _ => 96,
+        }
+    }
+
     fn threads(&self) -> u32 {
         if self.wgmma {
             WGMMA_THREADS
@@ -168,13 +179,18 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     None
 }
 
-/// The tile for this problem on `gpu`. Tiles whose columns would be mostly past the
-/// group's channels are skipped (the smallest stays). On sm_90a with K >= 256: the
-/// largest `wgmma` tile that gives at least 1.5 blocks per SM, else the smallest one that
-/// gives a third of the SMs a block (a half-empty wave of large `wgmma` tiles still beats
-/// full waves of `mma.sync` ones; ResNet-50's 3x3 layers, H100). Otherwise, as matmul's
-/// heuristic: the largest `mma.sync` tile whose blocks keep 3/4 of the SMs busy (8 blocks
-/// per SM when K < 256, where the epilogue dominates), else the smallest.
+/// The tile for this problem on `gpu`.
+///
+/// On sm_90a with K >= 256, the `wgmma` tile with the least work on the busiest SM:
+/// `ceil(blocks / SMs)` blocks there, each costing its [`Tile::wgmma_cost`] (columns past
+/// the group's channels included). That weighs the larger tiles' efficiency against the
+/// SMs they leave idle: on ResNet-50's 3x3 layers at N = 32 (H100) it picks 128x64 for
+/// 7x7 x 512 (221 TFLOPS vs 173 for 128x128) and 28x28 x 128, 128x128 for 14x14 x 256
+/// (268 vs 225 for 128x64), and at N = 256 the largest tile that fits the channels.
+///
+/// Otherwise, as matmul's heuristic, among the `mma.sync` tiles whose columns are not
+/// mostly past the group's channels: the largest whose blocks keep 3/4 of the SMs busy (8
+/// blocks per SM when K < 256, where the epilogue dominates), else the smallest.
 ///
 /// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`) forces a tile, for tuning and
 /// tests; naming one without a kernel for the problem is an error.
@@ -204,28 +220,24 @@ fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     let blocks =
         |t: &Tile| m.div_ceil(t.bm as u64) * g.k_per_group.div_ceil(t.bn) as u64 * g.groups as u64;
     let fits = |t: &Tile| t.bn / 2 < g.k_per_group || t.bn == 64;
-    let wgmma: Vec<Tile> = available
-        .iter()
-        .map(|&(t, _)| t)
-        .filter(|t| t.wgmma && k >= 256 && fits(t))
-        .collect();
-    let mma: Vec<Tile> = available
-        .iter()
-        .map(|&(t, _)| t)
-        .filter(|t| !t.wgmma && fits(t))
-        .collect();
     let wanted = if k < 256 {
         8 * sms
     } else {
         (3 * sms).div_ceil(4)
     };
-    let tile = wgmma
+    let wgmma = available
         .iter()
-        .find(|t| 2 * blocks(t) >= 3 * sms)
-        .or(wgmma.last().filter(|t| 3 * blocks(t) >= sms))
-        .or(mma.iter().find(|t| blocks(t) >= wanted))
-        .or(mma.last())
-        .copied();
+        .map(|&(t, _)| t)
+        .filter(|t| t.wgmma && k >= 256)
+        .min_by_key(|t| blocks(t).div_ceil(sms) * t.wgmma_cost());
+    let mma: Vec<Tile> = available
+        .iter()
+        .map(|&(t, _)| t)
+        .filter(|t| !t.wgmma && fits(t))
+        .collect();
+    let tile = wgmma
+        .or(mma.iter().find(|t| blocks(t) >= wanted).copied())
+        .or(mma.last().copied());
     tile.and_then(|t| available.iter().find(|(a, _)| *a == t).copied())
         .ok_or_else(|| {
             Error::unsupported(format!(
