@@ -329,8 +329,7 @@ impl<T: Element> Epilogue for ConvGemmEpilogue<'_, T> {
         let yp = self.y.add(at(&g.y) as usize);
         let both = c + 1 < g.k_per_group;
         // A pair of contiguous channels goes as one access where it is aligned for it.
-        let paired =
-            both && g.y[1] == 1 && (yp as usize) % (2 * core::mem::size_of::<T>()) == 0;
+        let paired = both && g.y[1] == 1 && (yp as usize) % (2 * core::mem::size_of::<T>()) == 0;
         let count = if both { 2 } else { 1 };
         let x = epilogue::apply(
             &p.ops,
