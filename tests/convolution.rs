@@ -728,6 +728,367 @@ fn short_workspace_is_an_error() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Winograd F(2x2, 3x3)
+// ---------------------------------------------------------------------------------------
+
+/// A 2-D 3x3 case for Winograd: `n x c x h x w` to `k` channels, padding `pad`, x and y
+/// channels-last or not, the data type's reduced-precision math.
+#[allow(clippy::too_many_arguments)]
+fn winograd_case(
+    dtype: DataType,
+    [n, c, h, w, k]: [usize; 5],
+    pad: usize,
+    mode: ConvMode,
+    x_last: bool,
+    y_last: bool,
+    filter: FilterLayout,
+) -> Case {
+    let math = if dtype == DataType::F32 {
+        MathType::Tf32
+    } else {
+        MathType::TensorOp
+    };
+    let layout = |last: bool| {
+        if last {
+            Layout::ChannelsLast
+        } else {
+            Layout::ChannelsFirst
+        }
+    };
+    let conv = ConvolutionDescriptor::new(&[pad; 2], &[1; 2], &[1; 2], mode, math).unwrap();
+    let x = TensorDescriptor::spatial(dtype, n, c, &[h, w], layout(x_last)).unwrap();
+    let wd = FilterDescriptor::new(dtype, filter, k, c, &[3, 3]).unwrap();
+    let yd = convolution_forward_output_dims(&conv, &x, &wd).unwrap();
+    let y = TensorDescriptor::spatial(dtype, yd[0], yd[1], &yd[2..], layout(y_last)).unwrap();
+    Case {
+        dtype,
+        math,
+        conv,
+        x,
+        w: wd,
+        y,
+        alpha: 1.0,
+        beta: 0.0,
+        bias: false,
+        residual: false,
+        activation: ActivationDescriptor::identity(),
+    }
+}
+
+/// Runs Winograd on `case` (no epilogue) against the reference with the
+/// reduced-precision tolerance (and untouched gaps); returns the relative error.
+fn check_winograd(h: &Handle, case: &Case, seed: u64) -> f64 {
+    let algo = ConvFwdAlgo::Winograd;
+    let perf = get_convolution_forward_algorithm(h, &case.x, &case.w, &case.conv, &case.y)
+        .unwrap()
+        .into_iter()
+        .find(|p| p.algo == algo)
+        .unwrap_or_else(|| panic!("Winograd declines {case:?}"));
+    assert!(perf.reduced_precision && perf.workspace_bytes > 0);
+    let inputs = Inputs::draw(case, false, &mut rng(seed));
+    let want = inputs.reference(case);
+    run_and_check(h, case, &inputs, algo, &want, case.tolerance(&perf));
+    // Once more for the error's value (run_and_check only asserts its bound).
+    let xb = h.upload_tensor(&inputs.x).unwrap();
+    let wb = h.upload_tensor(&inputs.w).unwrap();
+    let mut yb = h.alloc(&case.y).unwrap();
+    let mut ws = h.alloc_bytes(perf.workspace_bytes).unwrap();
+    convolution_forward(
+        h,
+        case.alpha,
+        &case.x,
+        &xb,
+        &case.w,
+        &wb,
+        &case.conv,
+        algo,
+        Some(&mut ws),
+        0.0,
+        &case.y,
+        &mut yb,
+    )
+    .unwrap();
+    let got = h.download_tensor(&case.y, &yb).unwrap();
+    rel_error(&got, &want)
+}
+
+/// Odd and tiny images (partial edge tiles, tiles wholly in the padding), paddings 0 to
+/// 3, both layouts of x and y (mixed too), both filter layouts and modes, every dtype.
+#[test]
+fn winograd_matches_the_reference_on_edge_shapes() {
+    with_gpu("winograd_matches_the_reference_on_edge_shapes", |h| {
+        let mut seed = 1;
+        for dtype in DataType::GPU {
+            let mut worst: f64 = 0.0;
+            for (hw, pad_min) in [([1, 1], 1), ([3, 3], 0), ([5, 7], 0), ([2, 9], 1)] {
+                for pad in pad_min..=3 {
+                    let layouts = [(false, false), (true, true), (true, false)];
+                    // Odd channel counts, and even ones (channel-pair transforms).
+                    for ((x_last, y_last), (c, k)) in
+                        layouts.into_iter().flat_map(|l| [(l, (3, 5)), (l, (4, 6))])
+                    {
+                        let (mode, fl) = if seed % 2 == 0 {
+                            (XCORR, FilterLayout::Kcrs)
+                        } else {
+                            (ConvMode::Convolution, FilterLayout::Krsc)
+                        };
+                        let case = winograd_case(
+                            dtype,
+                            [2, c, hw[0], hw[1], k],
+                            pad,
+                            mode,
+                            x_last,
+                            y_last,
+                            fl,
+                        );
+                        worst = worst.max(check_winograd(h, &case, seed));
+                        seed += 1;
+                    }
+                }
+            }
+            eprintln!("winograd edge shapes {dtype}: worst rel error {worst:.2e}");
+        }
+    });
+}
+
+/// The fused epilogue (alpha, beta, bias, residual, activation) on odd shapes, and
+/// channel counts that are not multiples of the matmul's 8-element rows.
+#[test]
+fn winograd_fuses_the_epilogue() {
+    with_gpu("winograd_fuses_the_epilogue", |h| {
+        for dtype in DataType::GPU {
+            for (i, (shape, last)) in [
+                ([3, 17, 9, 11, 13], true),
+                ([1, 9, 6, 5, 31], false),
+                ([2, 8, 7, 9, 10], true),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut case =
+                    winograd_case(dtype, shape, 1, XCORR, last, last, FilterLayout::Krsc);
+                (case.alpha, case.beta) = (-1.5, 0.25);
+                (case.bias, case.residual) = (true, true);
+                case.activation = ActivationDescriptor::silu();
+                let inputs = Inputs::draw(&case, false, &mut rng(40 + i as u64));
+                let want = inputs.reference(&case);
+                let perf = ConvFwdAlgoPerf {
+                    algo: ConvFwdAlgo::Winograd,
+                    time_ms: f32::NAN,
+                    workspace_bytes: 0,
+                    deterministic: true,
+                    reduced_precision: true,
+                };
+                run_and_check(
+                    h,
+                    &case,
+                    &inputs,
+                    ConvFwdAlgo::Winograd,
+                    &want,
+                    case.tolerance(&perf),
+                );
+            }
+        }
+    });
+}
+
+/// A ResNet-like layer (256 channels: a long reduction) stays within a few times the
+/// direct algorithms' error.
+#[test]
+fn winograd_is_accurate_on_a_deep_reduction() {
+    with_gpu("winograd_is_accurate_on_a_deep_reduction", |h| {
+        for dtype in DataType::GPU {
+            for last in [true, false] {
+                let case = winograd_case(
+                    dtype,
+                    [2, 256, 14, 14, 64],
+                    1,
+                    XCORR,
+                    last,
+                    last,
+                    FilterLayout::Krsc,
+                );
+                let err = check_winograd(h, &case, 7);
+                eprintln!("winograd {dtype} c=256 14x14 channels-last={last}: rel error {err:.2e}");
+            }
+        }
+    });
+}
+
+/// Winograd's decline reasons: exact math, and every shape it does not transform.
+#[test]
+fn winograd_declines_exact_math_and_other_shapes() {
+    for h in handles() {
+        let declines = |dtype: DataType,
+                        spatial: &[usize],
+                        filter: &[usize],
+                        conv: ConvolutionDescriptor,
+                        words: &str| {
+            let x = TensorDescriptor::spatial(dtype, 2, 4, spatial, Layout::ChannelsLast).unwrap();
+            let w = FilterDescriptor::new(dtype, FilterLayout::Krsc, 4, 4 / conv.groups(), filter)
+                .unwrap();
+            let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+            let y = TensorDescriptor::spatial(dtype, yd[0], yd[1], &yd[2..], Layout::ChannelsLast)
+                .unwrap();
+            let r = convolution_forward_workspace_size(h, &x, &w, &conv, &y, ConvFwdAlgo::Winograd);
+            match r {
+                Err(Error::NotSupported { message }) => {
+                    assert!(message.contains(words), "`{message}` lacks `{words}`")
+                }
+                other => panic!("expected Winograd to decline ({words}), got {other:?}"),
+            }
+            let listed = get_convolution_forward_algorithm(h, &x, &w, &conv, &y).unwrap();
+            assert!(listed.iter().all(|p| p.algo != ConvFwdAlgo::Winograd));
+        };
+        let f32_ = DataType::F32;
+        let tf32 = |pad, stride, dil| conv2d(pad, stride, dil, MathType::Tf32);
+        declines(
+            f32_,
+            &[8, 8],
+            &[3, 3],
+            conv2d(1, 1, 1, MathType::Fma),
+            "exact math",
+        );
+        if h.is_gpu() {
+            declines(
+                DataType::F16,
+                &[8, 8],
+                &[3, 3],
+                conv2d(1, 1, 1, MathType::Fma),
+                "exact math",
+            );
+        }
+        declines(f32_, &[8, 8], &[3, 3], tf32(1, 2, 1), "stride");
+        declines(f32_, &[8, 8], &[3, 3], tf32(2, 1, 2), "dilated");
+        declines(f32_, &[8, 8], &[5, 5], tf32(1, 1, 1), "not 3x3");
+        declines(f32_, &[8, 8], &[3, 1], tf32(1, 1, 1), "not 3x3");
+        declines(
+            f32_,
+            &[8, 8],
+            &[3, 3],
+            tf32(1, 1, 1).with_groups(2).unwrap(),
+            "grouped",
+        );
+        let conv3d =
+            ConvolutionDescriptor::new(&[0, 1, 1], &[1; 3], &[1; 3], XCORR, MathType::Tf32)
+                .unwrap();
+        declines(f32_, &[4, 8, 8], &[1, 3, 3], conv3d, "2-D");
+        let conv1d = ConvolutionDescriptor::new(&[1], &[1], &[1], XCORR, MathType::Tf32).unwrap();
+        declines(f32_, &[8], &[3], conv1d, "2-D");
+        // The accepted problem reports its workspace: V and U (16 x 8 tiles x 8 channels
+        // and 16 x 4 x 8, f32, each 256-aligned) and M (16 x 8 x 8 f32).
+        let x = TensorDescriptor::nhwc(f32_, 2, 4, 4, 4).unwrap();
+        let w = FilterDescriptor::new(f32_, FilterLayout::Krsc, 4, 4, &[3, 3]).unwrap();
+        let y = TensorDescriptor::nhwc(f32_, 2, 4, 4, 4).unwrap();
+        let ws = convolution_forward_workspace_size(
+            h,
+            &x,
+            &w,
+            &tf32(1, 1, 1),
+            &y,
+            ConvFwdAlgo::Winograd,
+        )
+        .unwrap();
+        assert_eq!(ws, 16 * 8 * 8 * 4 + 16 * 4 * 8 * 4 + 16 * 8 * 8 * 4);
+    }
+}
+
+/// Timings (not a check): every accepted algorithm on ResNet-50's 3x3 stride-1 layers at
+/// N=32 (tf32 NHWC and NCHW, f16 NHWC), by find, with effective TFLOPS
+/// (`2 N K P Q C 9 / time`), and the batched matmul inside Winograd alone. Run with
+/// `--ignored --nocapture winograd_timing`.
+#[test]
+#[ignore]
+fn winograd_timing_resnet50() {
+    with_gpu("winograd_timing_resnet50", |h| {
+        let configs = [
+            (DataType::F32, MathType::Tf32, true),
+            (DataType::F32, MathType::Tf32, false),
+            (DataType::F16, MathType::TensorOp, true),
+        ];
+        for (dt, math, last) in configs {
+            for (c, hw) in [(64, 56), (128, 28), (256, 14), (512, 7)] {
+                let n = 32;
+                let name = format!("{dt}-{}-{c}", if last { "nhwc" } else { "nchw" });
+                if std::env::var("WINOGRAD_TIMING_ONLY").is_ok_and(|only| only != name) {
+                    continue;
+                }
+                let layout = if last {
+                    Layout::ChannelsLast
+                } else {
+                    Layout::ChannelsFirst
+                };
+                let fl = if last {
+                    FilterLayout::Krsc
+                } else {
+                    FilterLayout::Kcrs
+                };
+                let x_desc = TensorDescriptor::spatial(dt, n, c, &[hw, hw], layout).unwrap();
+                let w_desc = FilterDescriptor::new(dt, fl, c, c, &[3, 3]).unwrap();
+                let conv = conv2d(1, 1, 1, math);
+                let y_desc = TensorDescriptor::spatial(dt, n, c, &[hw, hw], layout).unwrap();
+                let x = h
+                    .upload_tensor(&random(x_desc, -1.0, 1.0, &mut rng(1)))
+                    .unwrap();
+                let w = h
+                    .upload_tensor(&random(*w_desc.tensor(), -1.0, 1.0, &mut rng(2)))
+                    .unwrap();
+                let mut y = h.alloc(&y_desc).unwrap();
+                let found = find_convolution_forward_algorithm(
+                    h, &x_desc, &x, &w_desc, &w, &conv, &y_desc, &mut y, None,
+                )
+                .unwrap();
+                let flops = 2.0 * (n * c * hw * hw * c * 9) as f64;
+                let row: Vec<String> = found
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{:?} {:.3} ms {:.1} TFLOPS",
+                            p.algo,
+                            p.time_ms,
+                            flops / (p.time_ms as f64 * 1e-3) / 1e12
+                        )
+                    })
+                    .collect();
+                // The batched matmul alone: 16 x [tiles, C] x [C, K].
+                let tiles = n * hw.div_ceil(2) * hw.div_ceil(2);
+                let a_desc = TensorDescriptor::packed(dt, &[16, tiles, c]).unwrap();
+                let b_desc = TensorDescriptor::new(dt, &[16, c, c], &[c * c, 1, c]).unwrap();
+                let m_type = DataType::F32;
+                let c_desc = TensorDescriptor::packed(m_type, &[16, tiles, c]).unwrap();
+                let a = h.alloc(&a_desc).unwrap();
+                let b = h.alloc(&b_desc).unwrap();
+                let mut m = h.alloc(&c_desc).unwrap();
+                let mm = find_matmul_algorithm(
+                    h,
+                    &MatmulDescriptor::new(math),
+                    1.0,
+                    &a_desc,
+                    &a,
+                    &b_desc,
+                    &b,
+                    0.0,
+                    &c_desc,
+                    &mut m,
+                    &MatmulEpilogue::default(),
+                    5,
+                )
+                .unwrap();
+                let mm: Vec<String> = mm
+                    .iter()
+                    .map(|p| format!("{:?} {:.3}", p.algo, p.time_ms))
+                    .collect();
+                eprintln!(
+                    "{name} {hw}x{hw} N={n}: {} | matmul 16x[{tiles}x{c}]x[{c}x{c}] ms: {}",
+                    row.join(", "),
+                    mm.join(", "),
+                );
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
 // ImplicitGemmTensorOp
 // ---------------------------------------------------------------------------------------
 

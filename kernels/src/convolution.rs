@@ -7,6 +7,8 @@
 //!   always-correct fallback.
 //! * [`implicit_gemm`]: implicit GEMM on tensor cores (`mma.sync`, and `wgmma` in the
 //!   sm90a build, where `lib.rs` compiles this module alone).
+//! * [`winograd`]: Winograd F(2x2, 3x3) transforms around a batched matmul (3x3, stride 1).
 
 pub mod direct;
 pub mod implicit_gemm;
+pub mod winograd;

@@ -162,3 +162,45 @@ pub const fn conv_wgmma_stages(bn: u32) -> u32 {
 pub const fn conv_wgmma_shared_bytes(bn: u32) -> u32 {
     (crate::WGMMA_BM + bn) * crate::MMA_BK_BYTES * conv_wgmma_stages(bn) + 1024
 }
+/// Parameters of the Winograd F(2x2, 3x3) kernels `conv_fwd_winograd_{input,filter,
+/// output}_<dtype>` (2-D problems: `d` of extent 1). Output tile `t` (`n` slowest, then
+/// the tile row, then the tile column) covers output pixels `[2 th, 2 th + 2) x
+/// [2 tw, 2 tw + 2)` and reads the 4x4 input patch from `(2 th - pad_h, 2 tw - pad_w)`
+/// (zeros outside x). The workspace holds 16 matrices per transform, one per point `xi`
+/// of the 4x4 transformed tile:
+///
+/// * V (input transform, x's dtype): element `(xi, t, c)` at `xi * v.batch + t * v.mn +
+///   c * v.k` (the matmul's `A`, `tiles x C`);
+/// * U (filter transform, x's dtype): `(xi, k, c)` at `xi * u.batch + k * u.mn + c * u.k`
+///   (the matmul's `B` as `N x K`, `K x C`);
+/// * M = V U^T (the batched matmul's f32 result): `(xi, t, k)` at `xi * m.batch + t *
+///   m.row + k * m.col`.
+///
+/// Each kernel walks `items` work items, item `i` being `(outer, inner) = (i / inner,
+/// i % inner)`: (tile, channel) or (channel, tile) as `channel_inner` says for the input
+/// and output transforms, (k, c) for the filter transform. The `_c2` transforms take two
+/// consecutive channels per item (the inner index then counts channel pairs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvWinogradParams {
+    pub geo: ConvGeometry,
+    /// The output transform's epilogue (bias one per output channel).
+    pub ops: EpilogueOps,
+    /// Output tiles per image along h and w: `ceil(p / 2)`, `ceil(q / 2)`.
+    pub tiles_h: FastDivisor,
+    pub tiles_w: FastDivisor,
+    /// The inner extent of this launch's items.
+    pub inner: FastDivisor,
+    /// Work items of this launch (below 2^31).
+    pub items: u32,
+    /// 1: the channel (c or k) is the inner index of an input/output transform item, the
+    /// tile the outer; 0: the reverse.
+    pub channel_inner: u32,
+    pub _pad: u32,
+    pub v: crate::OperandLayout,
+    pub u: crate::OperandLayout,
+    pub m: crate::OutputLayout,
+}
+
+/// Threads per block of the Winograd transform kernels.
+pub const CONV_WINOGRAD_THREADS: u32 = 256;

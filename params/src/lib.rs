@@ -28,6 +28,7 @@ pub use convolution::{
     conv_wgmma_shared_bytes, conv_wgmma_stages, ConvFwdParams, ConvGemmParams, ConvGeometry,
     PixelIndex, CONV_DIRECT_THREADS,
 };
+pub use convolution::{ConvWinogradParams, CONV_WINOGRAD_THREADS};
 pub use divisor::FastDivisor;
 pub use dropout::{
     dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,

@@ -90,5 +90,77 @@ fn main() -> Result<()> {
         "per-channel max (f16, NHWC input): {maxes:?} at flattened N*H*W index {:?}",
         handle.read::<u32>(&at)?
     );
+    convolution_demo(&handle, &x_desc, &x_host)
+}
+
+/// relu(conv3x3(x) + bias) with the algorithm the heuristic picks, against the reference.
+fn convolution_demo(handle: &Handle, x_desc: &TensorDescriptor, x_host: &HostTensor) -> Result<()> {
+    let w_desc = FilterDescriptor::new(DataType::F32, FilterLayout::Kcrs, 4, 3, &[3, 3])?;
+    let conv = ConvolutionDescriptor::new(
+        &[1, 1],
+        &[1, 1],
+        &[1, 1],
+        ConvMode::CrossCorrelation,
+        MathType::Fma,
+    )?;
+    let y_dims = convolution_forward_output_dims(&conv, x_desc, &w_desc)?;
+    let y_desc = TensorDescriptor::packed(DataType::F32, &y_dims)?;
+    let w_host = HostTensor::from_fn(*w_desc.tensor(), |i| {
+        ((i[0] * 27 + i[1] * 9 + i[2] * 3 + i[3]) % 7) as f64 / 7.0 - 0.4
+    });
+    let bias_desc = TensorDescriptor::packed(DataType::F32, &[4])?;
+    let bias_host = HostTensor::from_fn(bias_desc, |i| i[0] as f64 * 0.25 + 0.5);
+    let (x, w, bias) = (
+        handle.upload_tensor(x_host)?,
+        handle.upload_tensor(&w_host)?,
+        handle.upload_tensor(&bias_host)?,
+    );
+    let algo = get_convolution_forward_algorithm(handle, x_desc, &w_desc, &conv, &y_desc)?[0].algo;
+    let mut ws = handle.alloc_bytes(
+        convolution_forward_workspace_size(handle, x_desc, &w_desc, &conv, &y_desc, algo)?.max(1),
+    )?;
+    let mut y = handle.alloc(&y_desc)?;
+    let relu = ActivationDescriptor::relu();
+    convolution_bias_activation_forward(
+        handle,
+        1.0,
+        x_desc,
+        &x,
+        &w_desc,
+        &w,
+        &conv,
+        algo,
+        Some(&mut ws),
+        0.0,
+        None,
+        &bias_desc,
+        &bias,
+        &relu,
+        &y_desc,
+        &mut y,
+    )?;
+    let got = handle.download_tensor(&y_desc, &y)?.logical();
+    let mut want = HostTensor::filled(y_desc, 0.0);
+    reference::convolution::forward(
+        &conv,
+        1.0,
+        x_host,
+        &w_host,
+        0.0,
+        &mut want,
+        Some(&bias_host),
+        None,
+        &relu,
+    );
+    let err = got
+        .iter()
+        .zip(want.logical())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!(
+        "relu(conv3x3(x) + bias) by {algo:?}: y {:?}, first row {:?}, max |oxidnn - reference| {err:.3e}",
+        y_desc.dims(),
+        &got[..4]
+    );
     Ok(())
 }

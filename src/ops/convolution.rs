@@ -40,6 +40,7 @@
 mod direct;
 mod gemm_1x1;
 mod implicit_gemm_tensor_op;
+mod winograd;
 
 use super::activation::ActivationDescriptor;
 use super::matmul::{epilogue_ops, MathType, Residual};
@@ -913,6 +914,7 @@ impl Problem {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
             ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::declines(self),
+            ConvFwdAlgo::Winograd => winograd::declines(self),
             _ => Some("not implemented yet".to_string()),
         };
         match why {
@@ -952,6 +954,7 @@ impl Problem {
 
     pub fn workspace_bytes(&self, algo: ConvFwdAlgo) -> usize {
         match algo {
+            ConvFwdAlgo::Winograd => winograd::workspace_bytes(self),
             _ => 0,
         }
     }
@@ -971,6 +974,7 @@ impl Problem {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
             ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::launch(call, y),
+            ConvFwdAlgo::Winograd => winograd::launch(call, y),
             _ => Err(Error::unsupported(format!(
                 "{algo:?} is not implemented yet"
             ))),

@@ -350,6 +350,74 @@ pub fn find_matmul_algorithm(
     Ok(ranked)
 }
 
+/// A plain batched product `C = A B` (no blend, no epilogue) over device memory that
+/// the crate owns, such as an algorithm's workspace: the operands in the kernels' own
+/// layouts ([`OperandLayout`]: `A` as `M x K`, `B` as `N x K`), the algorithm by the
+/// heuristic. For algorithms of other ops built on the matmul core (convolution's
+/// Winograd), which have no descriptors or [`Buffer`]s for their intermediates.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceMatmul {
+    pub math: MatmulMath,
+    /// Type of `A` and `B` (f32 for `Fma`/`Tf32`, f16/bf16 for `TensorOp`).
+    pub input: DataType,
+    /// Type of `C`: the input's, or f32 from 16-bit inputs.
+    pub output: DataType,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: OperandLayout,
+    pub b: OperandLayout,
+    pub c: OutputLayout,
+    /// The tile, or `None` for [`get_matmul_algorithm`]'s heuristic.
+    pub algo: Option<MatmulAlgo>,
+}
+
+impl DeviceMatmul {
+    /// Launches the product on `gpu`'s stream.
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` are device addresses in `gpu`'s context, each holding every element
+    /// its layout reaches over `batch x M x N x K` (extent-1 dims at stride 0); `C`'s
+    /// elements are distinct and overlap neither operand.
+    pub(crate) unsafe fn launch(&self, gpu: &Gpu, a: u64, b: u64, c: u64) -> Result<()> {
+        let limit = i32::MAX as usize;
+        if [self.m, self.n, self.k, self.batch]
+            .iter()
+            .any(|&v| v > limit)
+        {
+            return Err(Error::unsupported(format!(
+                "matmul sizes up to 2^31-1, got M={} N={} K={} batch={}",
+                self.m, self.n, self.k, self.batch
+            )));
+        }
+        let problem = Problem {
+            math: self.math,
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            batch: self.batch,
+            a: self.a,
+            b: self.b,
+            c: self.c,
+            residual: OutputLayout::default(),
+            input: self.input,
+            output: self.output,
+        };
+        let algo = self
+            .algo
+            .unwrap_or_else(|| problem.heuristic(gpu.sm_count, gpu.is_sm90a()));
+        let ptrs = Pointers {
+            a,
+            b,
+            c,
+            bias: 0,
+            residual: 0,
+        };
+        problem.launch(gpu, algo, 1.0, 0.0, &MatmulEpilogue::default(), &ptrs)
+    }
+}
+
 /// Device addresses of a call's buffers (0 for absent epilogue inputs).
 struct Pointers {
     a: u64,
@@ -713,7 +781,8 @@ impl Problem {
         let pointers = [a, b, ptrs.c, ptrs.bias, ptrs.residual];
         // SAFETY: every buffer was checked to hold its descriptor's span, and the layouts
         // passed are those descriptors' strides (dims of extent 1 at stride 0), so every
-        // element the kernel reads or writes, within M x N x K x batch, lies in its buffer;
+        // element the kernel reads or writes, within M x N x K x batch, lies in its buffer
+        // (for `DeviceMatmul::launch`, its caller's contract says the same of its memory);
         // the bias and residual pointers are read only when their mode / scale say so,
         // which is exactly when they were given and checked.
         unsafe { gpu.launch(kernel, cfg, &params, &pointers) }

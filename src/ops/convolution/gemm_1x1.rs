@@ -13,6 +13,9 @@ use crate::ops::matmul::{
     matmul, BiasMode, MathType, MatmulBias, MatmulDescriptor, MatmulEpilogue,
 };
 
+/// The shortest pixel run worth a batched matmul (a 64-row tile).
+const MIN_BATCHED_ROWS: usize = 64;
+
 /// The pixels of x, y and z as `[batch, M]` runs: `(extent, x, y, z strides)` of each
 /// of (at most) two dims, outer first, or `None` when more dims remain after merging.
 type Runs = Vec<(usize, [usize; 3])>;
@@ -56,10 +59,16 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     if p.math == MathType::Fma && matches!(p.dtype, DataType::F16 | DataType::BF16) {
         return Some("the matmul core has no CUDA-core kernels for 16-bit data".into());
     }
-    if pixel_runs(p).is_none() {
-        return Some("x's or y's pixels do not form one strided run per image".into());
+    match pixel_runs(p) {
+        None => Some("x's or y's pixels do not form one strided run per image".into()),
+        // A batch of short runs (a strided 1x1 over NHWC: one run per output row) wastes
+        // most of each matmul tile; the implicit GEMMs walk such pixels at full tiles.
+        Some(runs) if runs.len() == 2 && runs[1].0 < MIN_BATCHED_ROWS => Some(format!(
+            "its pixels form runs of {} (batched matmuls want at least {MIN_BATCHED_ROWS})",
+            runs[1].0
+        )),
+        Some(_) => None,
     }
-    None
 }
 
 /// `[batch, rows, cols]` (or `[rows, cols]` without a batch) with the given strides.
