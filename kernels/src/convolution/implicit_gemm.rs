@@ -88,15 +88,18 @@ pub struct PixelWindow {
 }
 
 impl PixelWindow {
+    /// A window that every tap finds outside the input (a row past the output).
+    pub const OUTSIDE: Self = Self {
+        origin: [0, 0, OUTSIDE],
+        offset: 0,
+    };
+
     /// The window of output pixel `row` ([`PixelIndex`] order); rows at or past `m` get a
     /// window that every tap finds outside the input.
     #[inline(always)]
     pub fn new(g: &ConvGeometry, pixels: &PixelIndex, m: u32, row: u32) -> Self {
         if row >= m {
-            return Self {
-                origin: [0, 0, OUTSIDE],
-                offset: 0,
-            };
+            return Self::OUTSIDE;
         }
         let (n, o) = pixels.at(row);
         let origin: [u32; 3] =
@@ -170,9 +173,12 @@ impl<
     #[inline(always)]
     unsafe fn new(p: &'a ConvGemmParams, x: *const u8, group: u32, first: u32) -> Self {
         let g = &p.geo;
-        let windows = core::array::from_fn(|i| {
+        // Unrolled (not `array::from_fn`, which LLVM may leave a loop over a stack array
+        // for 8 slots): the windows stay in registers.
+        let mut windows = [PixelWindow::OUTSIDE; SLOTS];
+        unrolled!(i in SLOTS => {
             let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
-            PixelWindow::new(g, &p.pixels, p.m, first + r)
+            windows[i] = PixelWindow::new(g, &p.pixels, p.m, first + r);
         });
         Self {
             p,
@@ -249,12 +255,11 @@ impl<
     #[inline(always)]
     unsafe fn new(p: &'a ConvGemmParams, w: *const u8, group: u32, first: u32) -> Self {
         let g = &p.geo;
-        let rows = core::array::from_fn(|i| {
+        let mut rows = [OUTSIDE; SLOTS];
+        unrolled!(i in SLOTS => {
             let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
             if first + r < g.k_per_group {
-                r * g.w[0]
-            } else {
-                OUTSIDE
+                rows[i] = r * g.w[0];
             }
         });
         let k0 = group * g.k_per_group + first;
