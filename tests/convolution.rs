@@ -122,9 +122,7 @@ fn shape() -> impl Strategy<Value = Shape> {
             "the filter must fit in the padded input",
             |(s, n, g, cg, kg, depthwise, dims)| {
                 let dims = &dims[..s];
-                let fits = dims
-                    .iter()
-                    .all(|&(f, p, _, d, i)| (f - 1) * d + 1 <= i + 2 * p);
+                let fits = dims.iter().all(|&(f, p, _, d, i)| (f - 1) * d < i + 2 * p);
                 let pick = |k: usize| -> Vec<usize> {
                     dims.iter().map(|t| [t.0, t.1, t.2, t.3, t.4][k]).collect()
                 };
@@ -1339,4 +1337,417 @@ fn time_implicit_gemm_and_depthwise() {
             run(h, &case, &format!("{label} {} {layout:?}", dt.name()));
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// ImplicitGemmTensorOp
+// ---------------------------------------------------------------------------------------
+
+/// A channels-last implicit-GEMM case: x `[n, c, input..]` NHWC, a KRSC filter of `k`
+/// output channels, y NHWC or NCHW; `epilogue`: bias, residual, relu and `beta = 0.5`.
+struct IgemmShape<'a> {
+    dtype: DataType,
+    n: usize,
+    c: usize,
+    k: usize,
+    input: &'a [usize],
+    filter: &'a [usize],
+    pad: usize,
+    stride: &'a [usize],
+    dilation: usize,
+    groups: usize,
+    mode: ConvMode,
+    y_last: bool,
+    epilogue: bool,
+}
+
+impl IgemmShape<'_> {
+    fn case(&self) -> Case {
+        let s = self.input.len();
+        let math = if self.dtype == DataType::F32 {
+            MathType::Tf32
+        } else {
+            MathType::TensorOp
+        };
+        let conv = ConvolutionDescriptor::new(
+            &vec![self.pad; s],
+            self.stride,
+            &vec![self.dilation; s],
+            self.mode,
+            math,
+        )
+        .unwrap()
+        .with_groups(self.groups)
+        .unwrap();
+        let x =
+            TensorDescriptor::spatial(self.dtype, self.n, self.c, self.input, Layout::ChannelsLast)
+                .unwrap();
+        let w = FilterDescriptor::new(
+            self.dtype,
+            FilterLayout::Krsc,
+            self.k,
+            self.c / self.groups,
+            self.filter,
+        )
+        .unwrap();
+        let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+        let layout = if self.y_last {
+            Layout::ChannelsLast
+        } else {
+            Layout::ChannelsFirst
+        };
+        let y = TensorDescriptor::spatial(self.dtype, yd[0], yd[1], &yd[2..], layout).unwrap();
+        Case {
+            dtype: self.dtype,
+            math,
+            conv,
+            x,
+            w,
+            y,
+            alpha: if self.epilogue { 0.75 } else { 1.0 },
+            beta: if self.epilogue { 0.5 } else { 0.0 },
+            bias: self.epilogue,
+            residual: self.epilogue,
+            activation: if self.epilogue {
+                ActivationDescriptor::relu()
+            } else {
+                ActivationDescriptor::identity()
+            },
+        }
+    }
+}
+
+fn igemm(
+    dtype: DataType,
+    n: usize,
+    c: usize,
+    k: usize,
+    input: &'static [usize],
+) -> IgemmShape<'static> {
+    IgemmShape {
+        dtype,
+        n,
+        c,
+        k,
+        input,
+        filter: &[3, 3],
+        pad: 1,
+        stride: &[1, 1],
+        dilation: 1,
+        groups: 1,
+        mode: XCORR,
+        y_last: true,
+        epilogue: false,
+    }
+}
+
+/// The implicit GEMM forced on small channels-last problems that stress its loaders:
+/// partial channel blocks and tiles, padding past the filter, strides, dilations,
+/// convolution mode, groups, 1-D and 3-D, NCHW y, odd channel counts (unpaired stores)
+/// and the fused epilogue, against the f64 reference.
+#[test]
+fn implicit_gemm_tensor_op_matches_the_reference() {
+    use DataType::{BF16, F16, F32};
+    let conv = ConvMode::Convolution;
+    let cases = [
+        igemm(F16, 2, 64, 64, &[8, 8]),
+        IgemmShape {
+            stride: &[2, 2],
+            pad: 2,
+            mode: conv,
+            y_last: false,
+            ..igemm(BF16, 1, 72, 40, &[7, 9])
+        },
+        IgemmShape {
+            pad: 4,
+            dilation: 2,
+            epilogue: true,
+            ..igemm(F16, 2, 16, 37, &[9, 9])
+        },
+        IgemmShape {
+            filter: &[5, 5],
+            pad: 2,
+            ..igemm(F32, 2, 36, 20, &[6, 6])
+        },
+        IgemmShape {
+            filter: &[3, 3, 3],
+            stride: &[1, 2, 1],
+            mode: conv,
+            ..igemm(F16, 1, 8, 16, &[5, 6, 7])
+        },
+        IgemmShape {
+            filter: &[5],
+            pad: 2,
+            stride: &[3],
+            epilogue: true,
+            ..igemm(BF16, 3, 24, 24, &[20])
+        },
+        IgemmShape {
+            groups: 2,
+            ..igemm(F16, 2, 32, 48, &[6, 5])
+        },
+        IgemmShape {
+            groups: 4,
+            epilogue: true,
+            y_last: false,
+            ..igemm(BF16, 1, 32, 12, &[4, 4])
+        },
+        IgemmShape {
+            groups: 3,
+            filter: &[1, 1],
+            pad: 0,
+            ..igemm(F32, 2, 24, 9, &[5, 5])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            pad: 3,
+            stride: &[2, 3],
+            ..igemm(F16, 2, 136, 130, &[7, 7])
+        },
+    ];
+    with_gpu("implicit_gemm_tensor_op_matches_the_reference", |h| {
+        for (i, shape) in cases.iter().enumerate() {
+            let case = shape.case();
+            let inputs = Inputs::draw(&case, false, &mut rng(i as u64));
+            let want = inputs.reference(&case);
+            let perf = ConvFwdAlgoPerf {
+                algo: ConvFwdAlgo::ImplicitGemmTensorOp,
+                time_ms: f32::NAN,
+                workspace_bytes: 0,
+                deterministic: true,
+                reduced_precision: false,
+            };
+            run_and_check(h, &case, &inputs, perf.algo, &want, case.tolerance(&perf));
+        }
+    });
+}
+
+/// ResNet-like problems large enough for each of the implicit GEMM's tiles to be the
+/// heuristic's choice on an H100 (`wgmma` 128x256, 128x128 and 128x64, `mma.sync`
+/// 128x256, 128x128 and 128x64 in f16/bf16, 128x128 in tf32; the property tests cover
+/// 64x64), against the direct algorithm on the same GPU.
+#[test]
+fn implicit_gemm_tensor_op_matches_direct_on_large_problems() {
+    use DataType::{BF16, F16, F32};
+    let cases = [
+        igemm(F16, 2, 32, 256, &[80, 80]),
+        IgemmShape {
+            epilogue: true,
+            ..igemm(BF16, 1, 64, 256, &[84, 84])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            ..igemm(F16, 2, 128, 128, &[270, 270])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            y_last: false,
+            ..igemm(BF16, 2, 128, 256, &[270, 270])
+        },
+        igemm(F32, 2, 64, 128, &[80, 80]),
+        IgemmShape {
+            epilogue: true,
+            ..igemm(F16, 2, 64, 64, &[56, 56])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            groups: 2,
+            ..igemm(BF16, 2, 128, 128, &[270, 270])
+        },
+    ];
+    with_gpu(
+        "implicit_gemm_tensor_op_matches_direct_on_large_problems",
+        |h| {
+            for (i, shape) in cases.iter().enumerate() {
+                let case = shape.case();
+                let inputs = Inputs::draw(&case, false, &mut rng(100 + i as u64));
+                let direct = {
+                    let xb = h.upload_tensor(&inputs.x).unwrap();
+                    let wb = h.upload_tensor(&inputs.w).unwrap();
+                    let mut yb = h.upload_tensor(&inputs.y0).unwrap();
+                    let bias = inputs
+                        .bias
+                        .as_ref()
+                        .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
+                    let z = inputs
+                        .z
+                        .as_ref()
+                        .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
+                    let epilogue = ConvEpilogue {
+                        activation: case.activation,
+                        bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
+                        residual: z.as_ref().map(|(desc, data)| Residual {
+                            scale: 0.75,
+                            desc,
+                            data,
+                        }),
+                    };
+                    convolution_forward_with(
+                        h,
+                        case.alpha,
+                        &case.x,
+                        &xb,
+                        &case.w,
+                        &wb,
+                        &case.conv,
+                        ConvFwdAlgo::Direct,
+                        None,
+                        case.beta,
+                        &case.y,
+                        &mut yb,
+                        &epilogue,
+                    )
+                    .unwrap();
+                    h.download_tensor(&case.y, &yb).unwrap()
+                };
+                let tol = bound(case.dtype) * 2.0;
+                let tol = if case.dtype == F32 { 2e-3 } else { tol };
+                run_and_check(
+                    h,
+                    &case,
+                    &inputs,
+                    ConvFwdAlgo::ImplicitGemmTensorOp,
+                    &direct,
+                    tol,
+                );
+            }
+        },
+    );
+}
+
+/// Each of the implicit GEMM's requirements declines with its reason, on every handle.
+#[test]
+fn implicit_gemm_tensor_op_declines_with_reasons() {
+    use DataType::{F16, F32};
+    let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
+    for h in handles() {
+        let dt = if h.is_gpu() { F16 } else { F32 };
+        let math = if dt == F16 {
+            MathType::TensorOp
+        } else {
+            MathType::Tf32
+        };
+        let conv = conv2d(1, 1, 1, math);
+        let nhwc = |c| TensorDescriptor::nhwc(dt, 2, c, 9, 9).unwrap();
+        let krsc = |c| FilterDescriptor::new(dt, FilterLayout::Krsc, 16, c, &[3, 3]).unwrap();
+        let y = nhwc(16);
+        let why = |x: &TensorDescriptor, w: &FilterDescriptor, conv: &ConvolutionDescriptor| {
+            match convolution_forward_workspace_size(h, x, w, conv, &y, algo) {
+                Ok(_) => String::new(),
+                Err(e) => e.to_string(),
+            }
+        };
+        assert_eq!(why(&nhwc(16), &krsc(16), &conv), "");
+        let nchw = TensorDescriptor::nchw(dt, 2, 16, 9, 9).unwrap();
+        assert!(why(&nchw, &krsc(16), &conv).contains("channels are not contiguous"));
+        let kcrs = FilterDescriptor::new(dt, FilterLayout::Kcrs, 16, 16, &[3, 3]).unwrap();
+        assert!(why(&nhwc(16), &kcrs, &conv).contains("KRSC"));
+        assert!(why(&nhwc(3), &krsc(3), &conv).contains("not a multiple of"));
+        let fma = conv.with_math(MathType::Fma);
+        assert!(why(&nhwc(16), &krsc(16), &fma).contains("tensor cores"));
+        // A pixel stride that breaks 16-byte alignment.
+        let odd = TensorDescriptor::new(dt, &[2, 16, 9, 9], &[9 * 200, 1, 200, 21]).unwrap();
+        assert!(why(&odd, &krsc(16), &conv).contains("not multiples"));
+    }
+}
+
+/// Times the implicit GEMM (NHWC, KRSC; f16 on every tile `IGEMM_TIMING_TILES` lists,
+/// comma-separated, empty for the heuristic's; bf16 and tf32 on the heuristic's) on
+/// ResNet-50's 3x3 layers at N = 32 and 256 and prints TFLOPS (`cargo test --release --test convolution -- --ignored --nocapture
+/// implicit_gemm_tensor_op_timing`; `OXIDNN_CONV_IGEMM_TILE` forces a tile).
+#[test]
+#[ignore]
+fn implicit_gemm_tensor_op_timing() {
+    let Some(h) = gpu() else { return };
+    let tiles: Vec<String> = std::env::var("IGEMM_TIMING_TILES")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_else(|_| vec![String::new()]);
+    let shapes = [(64, 56), (128, 28), (256, 14), (512, 7)];
+    for dt in [DataType::F16, DataType::BF16, DataType::F32] {
+        let math = if dt == DataType::F32 {
+            MathType::Tf32
+        } else {
+            MathType::TensorOp
+        };
+        for n in [32usize, 256] {
+            for &(c, hw) in &shapes {
+                // The tile sweep in f16 only; bf16 and tf32 on the heuristic's tile.
+                let tiles = if dt == DataType::F16 {
+                    tiles.clone()
+                } else {
+                    vec![String::new()]
+                };
+                let x_desc = TensorDescriptor::nhwc(dt, n, c, hw, hw).unwrap();
+                let w_desc = FilterDescriptor::new(dt, FilterLayout::Krsc, c, c, &[3, 3]).unwrap();
+                let conv = conv2d(1, 1, 1, math);
+                let y_desc = TensorDescriptor::nhwc(dt, n, c, hw, hw).unwrap();
+                let mut x = h.alloc(&x_desc).unwrap();
+                let mut w = h.alloc(w_desc.tensor()).unwrap();
+                h.fill_bytes(&mut x, 0x31).unwrap();
+                h.fill_bytes(&mut w, 0x22).unwrap();
+                let mut y = h.alloc(&y_desc).unwrap();
+                let flops = 2.0 * (n * c * hw * hw * c * 9) as f64;
+                for tile in &tiles {
+                    if tile.is_empty() {
+                        std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
+                    } else {
+                        std::env::set_var("OXIDNN_CONV_IGEMM_TILE", tile);
+                    }
+                    let mut run = || {
+                        convolution_forward(
+                            h,
+                            1.0,
+                            &x_desc,
+                            &x,
+                            &w_desc,
+                            &w,
+                            &conv,
+                            ConvFwdAlgo::ImplicitGemmTensorOp,
+                            None,
+                            0.0,
+                            &y_desc,
+                            &mut y,
+                        )
+                    };
+                    if let Err(e) = run() {
+                        println!("igemm {dt} n{n} c=k={c} {hw}x{hw} tile {tile:?}: {e}");
+                        continue;
+                    }
+                    h.synchronize().unwrap();
+                    let mut times = Vec::new();
+                    for _ in 0..7 {
+                        let t = std::time::Instant::now();
+                        for _ in 0..10 {
+                            run().unwrap();
+                        }
+                        h.synchronize().unwrap();
+                        times.push(t.elapsed().as_secs_f64() / 10.0);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    let t = times[3];
+                    println!(
+                        "igemm {dt} n{n} c=k={c} {hw}x{hw} 3x3 tile {:>9}: {:8.3} ms {:6.1} TFLOPS",
+                        if tile.is_empty() { "heuristic" } else { tile },
+                        t * 1e3,
+                        flops / t / 1e12
+                    );
+                }
+                std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
+            }
+        }
+    }
+    // conv1 (7x7/2, c = 3) declines: 3 channels are not a whole 16-byte chunk.
+    let x_desc = TensorDescriptor::nhwc(DataType::F16, 32, 3, 224, 224).unwrap();
+    let w_desc = FilterDescriptor::new(DataType::F16, FilterLayout::Krsc, 64, 3, &[7, 7]).unwrap();
+    let conv = conv2d(3, 2, 1, MathType::TensorOp);
+    let y_desc = TensorDescriptor::nhwc(DataType::F16, 32, 64, 112, 112).unwrap();
+    let r = convolution_forward_workspace_size(
+        h,
+        &x_desc,
+        &w_desc,
+        &conv,
+        &y_desc,
+        ConvFwdAlgo::ImplicitGemmTensorOp,
+    );
+    println!("conv1: {r:?}");
 }

@@ -29,6 +29,11 @@ pub mod activation;
 pub mod batch_norm;
 #[cfg(not(feature = "sm90a"))]
 pub mod convolution;
+/// The sm90a build's part of the convolution family: the implicit GEMM's `wgmma` kernels.
+#[cfg(feature = "sm90a")]
+pub mod convolution {
+    pub mod implicit_gemm;
+}
 #[cfg(not(feature = "sm90a"))]
 pub mod dropout;
 #[cfg(not(feature = "sm90a"))]

@@ -28,7 +28,8 @@ use crate::{
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
+    EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, WGMMA_BM, WGMMA_THREADS};

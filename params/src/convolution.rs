@@ -114,6 +114,54 @@ impl PixelIndex {
     }
 }
 
+/// Parameters of the implicit-GEMM tensor-core kernels (`conv_fwd_igemm_tc_*`,
+/// `wgmma_conv_fwd_igemm_*`): per group `g` (grid y), the GEMM
+/// `y[pixel, k] = sum_kk A[pixel, kk] * B[k, kk]` with rows the `m` output pixels
+/// ([`PixelIndex`], `n` slowest), columns the group's `k_per_group` output channels, and
+/// `kk` running over the filter taps as stored (outer) and then the group's channels in
+/// blocks of one K tile (`BK` elements): K tile `kt` is tap `kt / c_tiles`, channels
+/// `(kt % c_tiles) * BK ..` (past `c_per_group` zero-filled). The tap is decomposed as
+/// `[t, r, s]` of the stored filter; in convolution mode the input is read at the
+/// reversed tap.
+///
+/// The grid is `(tiles_m * tiles_n, groups)`: block `(b, g)` computes output tile
+/// [`crate::tile_coords`]`(b)` of group `g`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGemmParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    pub pixels: PixelIndex,
+    /// K tiles per filter tap: `ceil(c_per_group / BK)` for the kernel's `BK`.
+    pub c_tiles: FastDivisor,
+    /// The filter's `r` and `s` extents (`geo.filter[1]`, `geo.filter[2]`).
+    pub filter_r: FastDivisor,
+    pub filter_s: FastDivisor,
+    /// Output pixels: `n * p0 * p1 * p2`.
+    pub m: u32,
+    /// K tiles in all: `taps * c_tiles`.
+    pub k_tiles: u32,
+    pub tiles_m: u32,
+    pub tiles_n: u32,
+}
+
+/// Pipeline depth of the implicit GEMM's `wgmma` `128 x bn` tile: matmul's
+/// ([`crate::wgmma_stages`]), except 4 for `bn = 64`, so that two blocks share an SM (a
+/// convolution's K is often short: each block's prologue and epilogue then hide behind the
+/// other's main loop).
+pub const fn conv_wgmma_stages(bn: u32) -> u32 {
+    if bn <= 64 {
+        4
+    } else {
+        crate::wgmma_stages(bn)
+    }
+}
+
+/// Dynamic shared memory of the implicit GEMM's `wgmma` `128 x bn` tile (as
+/// [`crate::wgmma_shared_bytes`], with [`conv_wgmma_stages`]).
+pub const fn conv_wgmma_shared_bytes(bn: u32) -> u32 {
+    (crate::WGMMA_BM + bn) * crate::MMA_BK_BYTES * conv_wgmma_stages(bn) + 1024
+}
 /// Parameters of the Winograd F(2x2, 3x3) kernels `conv_fwd_winograd_{input,filter,
 /// output}_<dtype>` (2-D problems: `d` of extent 1). Output tile `t` (`n` slowest, then
 /// the tile row, then the tile column) covers output pixels `[2 th, 2 th + 2) x

@@ -25,11 +25,11 @@ pub use batch_norm::{
     BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
-    conv_igemm_table_bytes, ConvDepthwiseParams, ConvImplicitGemmParams, CONV_IGEMM_MAX_TAPS,
-    DW_COLS, DW_PIXELS, DW_THREADS,
+    conv_igemm_table_bytes, conv_wgmma_shared_bytes, conv_wgmma_stages, ConvDepthwiseParams,
+    ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams, ConvWinogradParams,
+    PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS, CONV_WINOGRAD_THREADS, DW_COLS,
+    DW_PIXELS, DW_THREADS,
 };
-pub use convolution::{ConvFwdParams, ConvGeometry, PixelIndex, CONV_DIRECT_THREADS};
-pub use convolution::{ConvWinogradParams, CONV_WINOGRAD_THREADS};
 pub use divisor::FastDivisor;
 pub use dropout::{
     dropout_keeps, dropout_keeps_element, dropout_key, dropout_randoms, dropout_threshold,

@@ -41,6 +41,7 @@ mod depthwise;
 mod direct;
 mod gemm_1x1;
 mod implicit_gemm;
+mod implicit_gemm_tensor_op;
 mod winograd;
 
 use super::activation::ActivationDescriptor;
@@ -317,31 +318,39 @@ pub fn convolution_forward_output_dims(
 /// order of preference; each algorithm accepts a problem or says why not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConvFwdAlgo {
-    /// 1x1 filters with no padding (any stride whose pixels form a matrix): a plain
+    /// Depthwise convolutions (groups == c, one input channel per group): several outputs
+    /// per thread along a row with the input window in registers (any layout), or 16-byte
+    /// channel vectors per thread (channels-last). Memory-bound.
+    Depthwise,
+    /// 1x1 filters with no padding (any stride whose pixels form long runs): a plain
     /// matmul of the pixels by the filter, on the matmul core (`wgmma` on Hopper).
     Gemm1x1,
-    /// Implicit GEMM on tensor cores (f16/bf16 `TensorOp`, f32 with `Tf32` math): im2col
-    /// tiles gathered straight from x into the matmul core's shared-memory pipeline.
+    /// Implicit GEMM on tensor cores (f16/bf16 `TensorOp`, f32 with `Tf32` math;
+    /// channels-last x, KRSC filter): im2col tiles copied by `cp.async` straight from x
+    /// into the matmul core's shared-memory pipeline (`wgmma` on Hopper).
     ImplicitGemmTensorOp,
     /// Winograd F(2x2, 3x3) for 3x3 filters at stride 1: fewer multiplies, reduced
     /// precision (its transforms round); never used under exact `Fma` math.
     Winograd,
-    /// Implicit GEMM on CUDA cores with exact f32 FMA, offsets precomputed per filter tap.
+    /// Implicit GEMM on CUDA cores with exact f32 FMA (any layout), filter-tap offset
+    /// tables in shared memory.
     ImplicitGemm,
-    /// One thread per output channel vector of a depthwise convolution (groups == c).
-    Depthwise,
     /// One thread per output element: any problem, the always-correct fallback.
     Direct,
 }
 
 impl ConvFwdAlgo {
-    /// The implementation list, most specialised first, the fallback last.
+    /// The implementation list in the heuristic's order of preference: the specialised
+    /// algorithms first (each accepts only problems it runs well), then the tensor cores
+    /// where the math allows them (Winograd after the implicit GEMM: it is slower on every
+    /// layer where both run, H100, and rounds more), the exact CUDA-core implicit GEMM,
+    /// and the always-correct fallback last.
     pub const ALL: [ConvFwdAlgo; 6] = [
+        Self::Depthwise,
         Self::Gemm1x1,
         Self::ImplicitGemmTensorOp,
         Self::Winograd,
         Self::ImplicitGemm,
-        Self::Depthwise,
         Self::Direct,
     ];
 
@@ -914,10 +923,10 @@ impl Problem {
         let why = match algo {
             ConvFwdAlgo::Direct => None,
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::declines(self),
+            ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::declines(self),
             ConvFwdAlgo::Winograd => winograd::declines(self),
             ConvFwdAlgo::ImplicitGemm => implicit_gemm::declines(self),
             ConvFwdAlgo::Depthwise => depthwise::declines(self),
-            _ => Some("not implemented yet".to_string()),
         };
         match why {
             None => Ok(()),
@@ -975,12 +984,10 @@ impl Problem {
         match algo {
             ConvFwdAlgo::Direct => direct::launch(call, y),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::launch(call, y),
+            ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::launch(call, y),
             ConvFwdAlgo::Winograd => winograd::launch(call, y),
             ConvFwdAlgo::ImplicitGemm => implicit_gemm::launch(call, y),
             ConvFwdAlgo::Depthwise => depthwise::launch(call, y),
-            _ => Err(Error::unsupported(format!(
-                "{algo:?} is not implemented yet"
-            ))),
         }
     }
 
@@ -1029,10 +1036,5 @@ impl Problem {
             w_desc.tensor().strides(),
             y_desc.strides()
         )
-    }
-
-    /// Whether x and y are channels-last (channel stride 1).
-    pub fn channels_last(&self) -> bool {
-        self.geo.x[1] == 1 && self.geo.y[1] == 1
     }
 }
