@@ -763,6 +763,17 @@ impl Call<'_> {
     pub fn y_ptr(&self, y: &mut Buffer) -> Result<u64> {
         device_ptr_mut(self.gpu, y)
     }
+
+    /// The pointer arguments of the convolution kernels, `(x, w, y, bias, z)`.
+    pub fn kernel_pointers(&self, y: &mut Buffer) -> Result<[u64; 5]> {
+        Ok([
+            self.ptrs.x,
+            self.ptrs.w,
+            self.y_ptr(y)?,
+            self.ptrs.bias,
+            self.ptrs.z,
+        ])
+    }
 }
 
 /// A validated convolution: the geometry the kernels take (as 3 spatial dims), the dtype,

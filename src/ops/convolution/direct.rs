@@ -28,13 +28,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         .ok_or_else(|| Error::unsupported(format!("no direct convolution kernel `{name}`")))?;
     let mut cfg = grid_stride_config(params.items.len as u64, call.gpu.sm_count)?;
     cfg.block = CONV_DIRECT_THREADS;
-    let pointers = [
-        call.ptrs.x,
-        call.ptrs.w,
-        call.y_ptr(y)?,
-        call.ptrs.bias,
-        call.ptrs.z,
-    ];
+    let pointers = call.kernel_pointers(y)?;
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry's dims and strides describe (missing spatial dims at extent 1); every span
     // is below 2^31 elements (checked by the algorithm), so the kernel's 32-bit offsets do

@@ -109,13 +109,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         block: FMA_THREADS,
         shared_bytes: fma_shared_bytes(bm, bn) + conv_igemm_table_bytes(taps),
     };
-    let pointers = [
-        call.ptrs.x,
-        call.ptrs.w,
-        call.y_ptr(y)?,
-        call.ptrs.bias,
-        call.ptrs.z,
-    ];
+    let pointers = call.kernel_pointers(y)?;
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry describes; every span is below 2^31 elements (checked by the algorithm),
     // and the kernel reads x only at in-bounds input coordinates (padding taps are

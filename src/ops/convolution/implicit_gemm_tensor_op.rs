@@ -277,13 +277,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         block: tile.threads(),
         shared_bytes: tile.shared_bytes(),
     };
-    let pointers = [
-        call.ptrs.x,
-        call.ptrs.w,
-        call.y_ptr(y)?,
-        call.ptrs.bias,
-        call.ptrs.z,
-    ];
+    let pointers = call.kernel_pointers(y)?;
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry's dims and strides describe; every span is below 2^31 elements (checked by
     // the algorithm), so the kernel's 32-bit offsets do not wrap for any element inside;
