@@ -38,9 +38,10 @@
 //! chosen algorithm asks for. cuDNN by `cudnnFindConvolutionForwardAlgorithmEx` on the same
 //! buffers with a 1 GiB workspace, math type `CUDNN_TENSOR_OP_MATH` (f16/bf16),
 //! `CUDNN_DEFAULT_MATH` (tf32 rows: cuDNN 9 allows tf32 for f32 data) or `CUDNN_FMA_MATH`
-//! (f32 exact; a result reporting a tensor-op math type is skipped as well); its 4 fastest
-//! successful results are re-timed as the row is (each with its own math type set on the
-//! descriptor, 5 calls) and the fastest is timed, through `cudnnConvolutionForward` with the
+//! (f32 exact; a result reporting a tensor-op math type is skipped as well, and so are FFT
+//! and Winograd, which round in their transforms: exact rows compare exact algorithms); its
+//! 4 fastest successful results are re-timed as the row is (each with its own math type set
+//! on the descriptor, 5 calls) and the fastest is timed, through `cudnnConvolutionForward` with the
 //! whole workspace (compute type f32 everywhere). The re-timing is needed: cuDNN 9.14's
 //! search ranked default-math `implicit_gemm` first for f16 1x1 layers at N = 32, which then
 //! ran 5-15x slower than its tensor-core `implicit_precomp_gemm`.
@@ -384,12 +385,27 @@ impl Config {
         }
     }
 
-    /// Whether a cuDNN search result's math type may be timed for this configuration: exact
-    /// f32 rows take no tensor-op (tf32) result.
-    fn accepts_cudnn_math(self, m: cudnn_sys::cudnnMathType_t) -> bool {
+    /// Whether a cuDNN search result may be timed for this configuration: exact f32 rows
+    /// take neither a tensor-op (tf32) result nor the algorithms that round in their
+    /// transforms (FFT, Winograd), as oxidnn's exact math runs neither.
+    fn accepts_cudnn(
+        self,
+        m: cudnn_sys::cudnnMathType_t,
+        algo: cudnn_sys::cudnnConvolutionFwdAlgo_t,
+    ) -> bool {
+        use cudnn_sys::cudnnConvolutionFwdAlgo_t as A;
         use cudnn_sys::cudnnMathType_t as M;
         match self.math {
-            MathType::Fma => matches!(m, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH),
+            MathType::Fma => {
+                matches!(m, M::CUDNN_FMA_MATH | M::CUDNN_DEFAULT_MATH)
+                    && !matches!(
+                        algo,
+                        A::CUDNN_CONVOLUTION_FWD_ALGO_FFT
+                            | A::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING
+                            | A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD
+                            | A::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
+                    )
+            }
             MathType::Tf32 | MathType::TensorOp => true,
         }
     }
@@ -723,7 +739,7 @@ fn cudnn_find(
         .iter()
         .filter(|r| r.status == cudnn_sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS)
         .filter(|r| r.memory <= ws_bytes && r.time >= 0.0)
-        .filter(|r| config.accepts_cudnn_math(r.mathType))
+        .filter(|r| config.accepts_cudnn(r.mathType, r.algo))
         .map(|r| CudnnChoice {
             algo: r.algo,
             math: r.mathType,
