@@ -365,22 +365,16 @@ fn pack<E: MmaElement>(words: &mut [u32; 4], e: u32, v: u32) {
     }
 }
 
-/// This thread's chunk of flattened K tile `kt` (its chunk column `chunk` of a `BK` tile):
-/// each element's offset from a row's base (`taps[e]` mapped by `offset`), or `None` past
-/// K. One [`FlatTap`] per element, shared by all of the thread's rows.
+/// Element `e` of this thread's chunk (column `chunk` of a `BK` tile) of flattened K tile
+/// `kt`, or `None` past K.
 #[inline(always)]
-fn flat_chunk<E: MmaElement, const BK: u32>(
+fn flat_element<E: MmaElement, const BK: u32>(
     p: &ConvGemmParams,
     kt: u32,
     chunk: u32,
-    offset: impl Fn(FlatTap) -> ([u32; 3], u32),
-) -> [Option<([u32; 3], u32)>; MAX_PER_CHUNK] {
-    let kk0 = kt * BK + chunk * E::PER_CHUNK;
-    let mut out = [None; MAX_PER_CHUNK];
-    unrolled!(e in MAX_PER_CHUNK => if (e as u32) < E::PER_CHUNK {
-        out[e] = FlatTap::of(p, kk0 + e as u32).map(&offset);
-    });
-    out
+    e: u32,
+) -> Option<FlatTap> {
+    FlatTap::of(p, kt * BK + chunk * E::PER_CHUNK + e)
 }
 
 /// The im2col A operand over the flattened K, gathered element by element: a `ROWS x BK`
@@ -445,25 +439,25 @@ impl<
         let g = &self.p.geo;
         let row_chunks = BK / E::PER_CHUNK;
         let (_, chunk) = slot_row(0, row_chunks, THREADS);
-        // Per element: how far its tap reaches and its offset from the window's corner.
-        let elems = flat_chunk::<E, BK>(self.p, kt, chunk, |f| {
-            let reach = KTile { tap: f.tap, c0: 0 }.reach(g);
-            let mut extra = f.c * g.x[1];
-            unrolled!(j in 3 => extra = extra.wrapping_add(reach[j] * g.x[2 + j]));
-            (reach, extra)
-        });
-        // Every load first, then the stores: the loads' latencies overlap.
+        // Element by element (one split of `kk` each, shared by the thread's rows, only
+        // one element's taps live at a time), every load before the stores: the loads'
+        // latencies overlap.
         let mut words = [[0u32; 4]; SLOTS];
-        unrolled!(i in SLOTS => {
-            unrolled!(e in MAX_PER_CHUNK => if let Some((reach, extra)) = elems[e] {
-                if let Some(at) = self.windows[i].at(g, reach, extra) {
-                    // SAFETY: `at` is an element inside x (the window's pixel is inside
-                    // the input and `c` inside the group), which the caller's contract
-                    // says `x` covers.
-                    let v = load_element::<E>(self.x.add(at as usize * E::BYTES as usize));
-                    pack::<E>(&mut words[i], e as u32, v);
-                }
-            });
+        unrolled!(e in MAX_PER_CHUNK => if (e as u32) < E::PER_CHUNK {
+            if let Some(f) = flat_element::<E, BK>(self.p, kt, chunk, e as u32) {
+                let reach = KTile { tap: f.tap, c0: 0 }.reach(g);
+                let mut extra = f.c * g.x[1];
+                unrolled!(j in 3 => extra = extra.wrapping_add(reach[j] * g.x[2 + j]));
+                unrolled!(i in SLOTS => {
+                    if let Some(at) = self.windows[i].at(g, reach, extra) {
+                        // SAFETY: `at` is an element inside x (the window's pixel is
+                        // inside the input and `c` inside the group), which the caller's
+                        // contract says `x` covers.
+                        let v = load_element::<E>(self.x.add(at as usize * E::BYTES as usize));
+                        pack::<E>(&mut words[i], e as u32, v);
+                    }
+                });
+            }
         });
         unrolled!(i in SLOTS => {
             let (r, _) = slot_row(i as u32, row_chunks, THREADS);
@@ -538,22 +532,24 @@ impl<
         let g = &self.p.geo;
         let row_chunks = BK / E::PER_CHUNK;
         let (_, chunk) = slot_row(0, row_chunks, THREADS);
-        let elems = flat_chunk::<E, BK>(self.p, kt, chunk, |f| {
-            let mut extra = f.c * g.w[1];
-            unrolled!(j in 3 => extra += f.tap[j] * g.w[2 + j]);
-            ([0; 3], extra)
-        });
         let mut words = [[0u32; 4]; SLOTS];
-        unrolled!(i in SLOTS => {
-            let row = self.rows[i];
-            unrolled!(e in MAX_PER_CHUNK => if let Some((_, extra)) = elems[e] {
-                if row != OUTSIDE {
-                    // SAFETY: the row is one of the group's output channels and (tap, c)
-                    // inside the filter, so the element lies in the filter `w` covers.
-                    let v = load_element::<E>(self.w.add((row + extra) as usize * E::BYTES as usize));
-                    pack::<E>(&mut words[i], e as u32, v);
-                }
-            });
+        unrolled!(e in MAX_PER_CHUNK => if (e as u32) < E::PER_CHUNK {
+            if let Some(f) = flat_element::<E, BK>(self.p, kt, chunk, e as u32) {
+                let mut extra = f.c * g.w[1];
+                unrolled!(j in 3 => extra += f.tap[j] * g.w[2 + j]);
+                unrolled!(i in SLOTS => {
+                    let row = self.rows[i];
+                    if row != OUTSIDE {
+                        // SAFETY: the row is one of the group's output channels and
+                        // (tap, c) inside the filter, so the element lies in the filter
+                        // `w` covers.
+                        let v = load_element::<E>(
+                            self.w.add((row + extra) as usize * E::BYTES as usize),
+                        );
+                        pack::<E>(&mut words[i], e as u32, v);
+                    }
+                });
+            }
         });
         unrolled!(i in SLOTS => {
             let (r, _) = slot_row(i as u32, row_chunks, THREADS);
