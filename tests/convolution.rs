@@ -1848,6 +1848,7 @@ fn implicit_gemm_tensor_op_gather_matches_the_reference() {
         IgemmShape {
             filter: &[5],
             pad: 2,
+            stride: &[1],
             x_last: false,
             ..igemm(BF16, 3, 6, 24, &[20])
         },
