@@ -1359,6 +1359,9 @@ struct IgemmShape<'a> {
     mode: ConvMode,
     y_last: bool,
     epilogue: bool,
+    /// x channels-last (else NCHW-like) and the filter KRSC (else KCRS).
+    x_last: bool,
+    krsc: bool,
 }
 
 impl IgemmShape<'_> {
@@ -1379,12 +1382,20 @@ impl IgemmShape<'_> {
         .unwrap()
         .with_groups(self.groups)
         .unwrap();
+        let x_layout = if self.x_last {
+            Layout::ChannelsLast
+        } else {
+            Layout::ChannelsFirst
+        };
         let x =
-            TensorDescriptor::spatial(self.dtype, self.n, self.c, self.input, Layout::ChannelsLast)
-                .unwrap();
+            TensorDescriptor::spatial(self.dtype, self.n, self.c, self.input, x_layout).unwrap();
         let w = FilterDescriptor::new(
             self.dtype,
-            FilterLayout::Krsc,
+            if self.krsc {
+                FilterLayout::Krsc
+            } else {
+                FilterLayout::Kcrs
+            },
             self.k,
             self.c / self.groups,
             self.filter,
@@ -1438,6 +1449,8 @@ fn igemm(
         mode: XCORR,
         y_last: true,
         epilogue: false,
+        x_last: true,
+        krsc: true,
     }
 }
 
@@ -1638,16 +1651,18 @@ fn implicit_gemm_tensor_op_declines_with_reasons() {
             }
         };
         assert_eq!(why(&nhwc(16), &krsc(16), &conv), "");
+        // Layouts and channel counts the 16-byte copies cannot take run on the gather
+        // kernels.
         let nchw = TensorDescriptor::nchw(dt, 2, 16, 9, 9).unwrap();
-        assert!(why(&nchw, &krsc(16), &conv).contains("channels are not contiguous"));
+        assert_eq!(why(&nchw, &krsc(16), &conv), "");
         let kcrs = FilterDescriptor::new(dt, FilterLayout::Kcrs, 16, 16, &[3, 3]).unwrap();
-        assert!(why(&nhwc(16), &kcrs, &conv).contains("KRSC"));
-        assert!(why(&nhwc(3), &krsc(3), &conv).contains("not a multiple of"));
+        assert_eq!(why(&nhwc(16), &kcrs, &conv), "");
+        assert_eq!(why(&nhwc(3), &krsc(3), &conv), "");
+        let odd = TensorDescriptor::new(dt, &[2, 16, 9, 9], &[9 * 200, 1, 200, 21]).unwrap();
+        assert_eq!(why(&odd, &krsc(16), &conv), "");
         let fma = conv.with_math(MathType::Fma);
         assert!(why(&nhwc(16), &krsc(16), &fma).contains("tensor cores"));
-        // A pixel stride that breaks 16-byte alignment.
-        let odd = TensorDescriptor::new(dt, &[2, 16, 9, 9], &[9 * 200, 1, 200, 21]).unwrap();
-        assert!(why(&odd, &krsc(16), &conv).contains("not multiples"));
+        assert!(why(&nchw, &krsc(16), &fma).contains("tensor cores"));
     }
 }
 
@@ -1750,4 +1765,171 @@ fn implicit_gemm_tensor_op_timing() {
         ConvFwdAlgo::ImplicitGemmTensorOp,
     );
     println!("conv1: {r:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// ImplicitGemmTensorOp: the gather kernels (flattened K, any layout, any channel count)
+// ---------------------------------------------------------------------------------------
+
+/// The implicit GEMM forced on problems only its gather kernels take (NCHW x, KCRS
+/// filters, channel counts that are not whole 16-byte chunks, grouped odd channels, tf32
+/// NCHW, a ResNet conv1-like 7x7/2 layer with 3 channels), against the f64 reference.
+#[test]
+fn implicit_gemm_tensor_op_gather_matches_the_reference() {
+    use DataType::{BF16, F16, F32};
+    let conv = ConvMode::Convolution;
+    let cases = [
+        // conv1-like: 7x7 stride 2 pad 3, C = 3, NHWC.
+        IgemmShape {
+            filter: &[7, 7],
+            pad: 3,
+            stride: &[2, 2],
+            epilogue: true,
+            ..igemm(F16, 2, 3, 64, &[30, 30])
+        },
+        // NCHW f16, KCRS filter, NCHW y.
+        IgemmShape {
+            x_last: false,
+            krsc: false,
+            y_last: false,
+            ..igemm(F16, 2, 64, 64, &[8, 8])
+        },
+        // NCHW x with a KRSC filter.
+        IgemmShape {
+            x_last: false,
+            ..igemm(BF16, 1, 40, 24, &[7, 9])
+        },
+        // Odd channel counts, dilation, padding past the filter.
+        IgemmShape {
+            pad: 4,
+            dilation: 2,
+            epilogue: true,
+            ..igemm(BF16, 2, 5, 37, &[9, 9])
+        },
+        IgemmShape {
+            stride: &[2, 3],
+            mode: conv,
+            ..igemm(F16, 3, 7, 130, &[11, 10])
+        },
+        // Grouped, odd channels per group, NCHW.
+        IgemmShape {
+            groups: 3,
+            x_last: false,
+            krsc: false,
+            ..igemm(F16, 2, 9, 12, &[6, 5])
+        },
+        IgemmShape {
+            groups: 5,
+            epilogue: true,
+            ..igemm(BF16, 2, 15, 10, &[5, 5])
+        },
+        // tf32 NCHW, and tf32 with 3 channels.
+        IgemmShape {
+            filter: &[5, 5],
+            pad: 2,
+            mode: conv,
+            x_last: false,
+            krsc: false,
+            y_last: false,
+            ..igemm(F32, 2, 16, 20, &[6, 6])
+        },
+        IgemmShape {
+            filter: &[7, 7],
+            pad: 3,
+            stride: &[2, 2],
+            ..igemm(F32, 2, 3, 16, &[15, 15])
+        },
+        // 3-D and 1-D with odd channels.
+        IgemmShape {
+            filter: &[3, 3, 3],
+            stride: &[1, 2, 1],
+            ..igemm(F16, 1, 3, 16, &[5, 6, 7])
+        },
+        IgemmShape {
+            filter: &[5],
+            pad: 2,
+            stride: &[1],
+            x_last: false,
+            ..igemm(BF16, 3, 6, 24, &[20])
+        },
+    ];
+    with_gpu(
+        "implicit_gemm_tensor_op_gather_matches_the_reference",
+        |h| {
+            for (i, shape) in cases.iter().enumerate() {
+                let case = shape.case();
+                let inputs = Inputs::draw(&case, false, &mut rng(300 + i as u64));
+                let want = inputs.reference(&case);
+                let perf = ConvFwdAlgoPerf {
+                    algo: ConvFwdAlgo::ImplicitGemmTensorOp,
+                    time_ms: f32::NAN,
+                    workspace_bytes: 0,
+                    deterministic: true,
+                    reduced_precision: false,
+                };
+                run_and_check(h, &case, &inputs, perf.algo, &want, case.tolerance(&perf));
+            }
+        },
+    );
+}
+
+/// Times the gather kernels (`find_convolution_forward_algorithm`, every accepted
+/// algorithm) on ResNet-50's conv1 (7x7/2, C = 3, NHWC) in f16 at N = 32 and 256 and bf16
+/// at N = 32, and a 3x3 c = k = 64 56x56 NCHW f16 layer at N = 32 (`cargo test --release
+/// --test convolution -- --ignored --nocapture implicit_gemm_tensor_op_gather_timing`).
+#[test]
+#[ignore]
+fn implicit_gemm_tensor_op_gather_timing() {
+    let Some(h) = gpu() else { return };
+    use DataType::{BF16, F16};
+    // (dtype, n, c, k, hw, filter, pad, stride, channels-last)
+    let shapes = [
+        (F16, 32, 3, 64, 224, 7, 3, 2, true),
+        (F16, 256, 3, 64, 224, 7, 3, 2, true),
+        (BF16, 32, 3, 64, 224, 7, 3, 2, true),
+        (F16, 32, 64, 64, 56, 3, 1, 1, false),
+    ];
+    for (dt, n, c, k, hw, f, pad, stride, last) in shapes {
+        let layout = if last {
+            Layout::ChannelsLast
+        } else {
+            Layout::ChannelsFirst
+        };
+        let fl = if last {
+            FilterLayout::Krsc
+        } else {
+            FilterLayout::Kcrs
+        };
+        let x_desc = TensorDescriptor::spatial(dt, n, c, &[hw, hw], layout).unwrap();
+        let w_desc = FilterDescriptor::new(dt, fl, k, c, &[f, f]).unwrap();
+        let conv = conv2d(pad, stride, 1, MathType::TensorOp);
+        let yd = convolution_forward_output_dims(&conv, &x_desc, &w_desc).unwrap();
+        let y_desc = TensorDescriptor::spatial(dt, yd[0], yd[1], &yd[2..], layout).unwrap();
+        let mut x = h.alloc(&x_desc).unwrap();
+        let mut w = h.alloc(w_desc.tensor()).unwrap();
+        h.fill_bytes(&mut x, 0x31).unwrap();
+        h.fill_bytes(&mut w, 0x22).unwrap();
+        let mut y = h.alloc(&y_desc).unwrap();
+        let found = find_convolution_forward_algorithm(
+            h, &x_desc, &x, &w_desc, &w, &conv, &y_desc, &mut y, None,
+        )
+        .unwrap();
+        let flops = 2.0 * (yd.iter().product::<usize>() * c * f * f) as f64;
+        let row: Vec<String> = found
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:?} {:.4} ms {:.1} TFLOPS",
+                    p.algo,
+                    p.time_ms,
+                    flops / (p.time_ms as f64 * 1e-3) / 1e12
+                )
+            })
+            .collect();
+        println!(
+            "gather {dt} N={n} c={c} k={k} {hw}x{hw} {f}x{f}/{stride} {}: {}",
+            if last { "nhwc" } else { "nchw" },
+            row.join(", ")
+        );
+    }
 }

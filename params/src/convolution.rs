@@ -143,6 +143,10 @@ pub struct ConvGemmParams {
     pub k_tiles: u32,
     pub tiles_m: u32,
     pub tiles_n: u32,
+    /// The group's channels (`geo.c_per_group`): the gather kernels
+    /// (`conv_fwd_igemm_tc_gather_*`) flatten K as `kk = tap * c_per_group + c` (their
+    /// `k_tiles` is `ceil(taps * c_per_group / BK)`, `c_tiles` unused).
+    pub channels: FastDivisor,
 }
 
 /// Pipeline depth of the implicit GEMM's `wgmma` `128 x bn` tile: matmul's

@@ -13,14 +13,25 @@
 //! * [`ConvGemmEpilogue`]: output `(pixel, k)` to y's (and z's) strides, through
 //!   [`epilogue::apply`]; two channels per store where y's channels are contiguous.
 //!
+//! The gather variant, for problems the 16-byte copies cannot take (x not
+//! channel-contiguous, e.g. NCHW; channels per group not a whole chunk, e.g. an RGB first
+//! layer; misaligned strides), flattens the GEMM's K over (tap, channel) instead: `kk = tap
+//! * c_per_group + c`, `K = taps * c_per_group` (no padding per tap, so three channels
+//! waste nothing). [`FlatTap`] splits one `kk`; [`GatherIm2colTile`] (A) and
+//! [`GatherFilterTile`] (B) load element by element (synchronous loads, then one
+//! `st.shared` per chunk into the same swizzled layout), zeros outside.
+//!
 //! Entry points, all `(params, x, w, y, bias, z)`:
 //! * `conv_fwd_igemm_tc_<BMxBN>_<f16|bf16|tf32>` ([`mma_tile`], `mma.sync`);
+//! * `conv_fwd_igemm_tc_gather_<BMxBN>_<f16|bf16|tf32>` (the same, gathering loaders);
 //! * `wgmma_conv_fwd_igemm_128x<BN>_<f16|bf16>` (the `sm90a` build, family `wgmma`).
 //!
 //! [`PixelWindow`] and [`KTile`] are the reusable im2col address logic (a CUDA-core
 //! gather can walk the same windows).
 
-use crate::device::{block_idx_x, block_idx_y, cp_async_16, dynamic_smem, thread_idx_x};
+use crate::device::{
+    block_idx_x, block_idx_y, cp_async_16, dynamic_smem, st_shared_v4, thread_idx_x,
+};
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
 use crate::gemm::{Epilogue, MmaElement, SmemLayout, TileLoader};
@@ -306,6 +317,247 @@ impl<
     }
 }
 
+/// One element of the flattened GEMM K of the gather kernels: `kk = tap * c_per_group + c`
+/// with the tap `[t, r, s]` as the filter stores it.
+#[derive(Clone, Copy)]
+pub struct FlatTap {
+    /// The tap `[t, r, s]` as the filter stores it.
+    pub tap: [u32; 3],
+    /// The channel within the group.
+    pub c: u32,
+}
+
+impl FlatTap {
+    /// Element `kk` of the flattened K, or `None` at or past `taps * c_per_group` (one fast
+    /// division by the channels, two by the filter's `s` and `r`).
+    #[inline(always)]
+    pub fn of(p: &ConvGemmParams, kk: u32) -> Option<Self> {
+        let (tap, c) = p.channels.div_rem(kk);
+        let (tr, s) = p.filter_s.div_rem(tap);
+        let (t, r) = p.filter_r.div_rem(tr);
+        (t < p.geo.filter[0]).then_some(Self { tap: [t, r, s], c })
+    }
+}
+
+/// Most elements in a chunk (16-bit types).
+const MAX_PER_CHUNK: usize = 8;
+
+/// The bits of one element at `ptr`, in the low bits of a word.
+///
+/// # Safety
+/// `ptr` points at an element of type `E` (aligned for it).
+#[inline(always)]
+unsafe fn load_element<E: MmaElement>(ptr: *const u8) -> u32 {
+    if E::BYTES == 2 {
+        *(ptr as *const u16) as u32
+    } else {
+        *(ptr as *const u32)
+    }
+}
+
+/// Puts element `e`'s bits `v` into a chunk's words.
+#[inline(always)]
+fn pack<E: MmaElement>(words: &mut [u32; 4], e: u32, v: u32) {
+    if E::BYTES == 2 {
+        words[(e / 2) as usize] |= v << (16 * (e % 2));
+    } else {
+        words[e as usize] = v;
+    }
+}
+
+/// Element `e` of this thread's chunk (column `chunk` of a `BK` tile) of flattened K tile
+/// `kt`, or `None` past K.
+#[inline(always)]
+fn flat_element<E: MmaElement, const BK: u32>(
+    p: &ConvGemmParams,
+    kt: u32,
+    chunk: u32,
+    e: u32,
+) -> Option<FlatTap> {
+    FlatTap::of(p, kt * BK + chunk * E::PER_CHUNK + e)
+}
+
+/// The im2col A operand over the flattened K, gathered element by element: a `ROWS x BK`
+/// K-major tile, `SLOTS` chunks per thread, in layout `L`. Any x layout and channel count.
+pub struct GatherIm2colTile<
+    'a,
+    E,
+    const ROWS: u32,
+    const BK: u32,
+    const THREADS: u32,
+    const SLOTS: usize,
+    L,
+> {
+    p: &'a ConvGemmParams,
+    /// x at the group's first channel.
+    x: *const u8,
+    windows: [PixelWindow; SLOTS],
+    _e: PhantomData<(E, L)>,
+}
+
+impl<
+        'a,
+        E: MmaElement,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+        L: SmemLayout,
+    > ConvTileLoader<'a> for GatherIm2colTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
+{
+    #[inline(always)]
+    unsafe fn new(p: &'a ConvGemmParams, x: *const u8, group: u32, first: u32) -> Self {
+        let g = &p.geo;
+        let mut windows = [PixelWindow::OUTSIDE; SLOTS];
+        unrolled!(i in SLOTS => {
+            let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
+            windows[i] = PixelWindow::new(g, &p.pixels, p.m, first + r);
+        });
+        let c0 = group as u64 * g.c_per_group as u64 * g.x[1] as u64;
+        Self {
+            p,
+            x: x.add((c0 * E::BYTES as u64) as usize),
+            windows,
+            _e: PhantomData,
+        }
+    }
+}
+
+impl<
+        E: MmaElement,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+        L: SmemLayout,
+    > TileLoader for GatherIm2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+{
+    const K_MAJOR: bool = true;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        let g = &self.p.geo;
+        let row_chunks = BK / E::PER_CHUNK;
+        let (_, chunk) = slot_row(0, row_chunks, THREADS);
+        // Element by element (one split of `kk` each, shared by the thread's rows, only
+        // one element's taps live at a time), every load before the stores: the loads'
+        // latencies overlap.
+        let mut words = [[0u32; 4]; SLOTS];
+        unrolled!(e in MAX_PER_CHUNK => if (e as u32) < E::PER_CHUNK {
+            if let Some(f) = flat_element::<E, BK>(self.p, kt, chunk, e as u32) {
+                let reach = KTile { tap: f.tap, c0: 0 }.reach(g);
+                let mut extra = f.c * g.x[1];
+                unrolled!(j in 3 => extra = extra.wrapping_add(reach[j] * g.x[2 + j]));
+                unrolled!(i in SLOTS => {
+                    if let Some(at) = self.windows[i].at(g, reach, extra) {
+                        // SAFETY: `at` is an element inside x (the window's pixel is
+                        // inside the input and `c` inside the group), which the caller's
+                        // contract says `x` covers.
+                        let v = load_element::<E>(self.x.add(at as usize * E::BYTES as usize));
+                        pack::<E>(&mut words[i], e as u32, v);
+                    }
+                });
+            }
+        });
+        unrolled!(i in SLOTS => {
+            let (r, _) = slot_row(i as u32, row_chunks, THREADS);
+            st_shared_v4(dst + L::offset(r, chunk, ROWS, row_chunks), words[i]);
+        });
+    }
+}
+
+/// The filter as the B operand over the flattened K, gathered element by element: a
+/// `ROWS x BK` K-major tile of the group's output channels, `SLOTS` chunks per thread, in
+/// layout `L`. Any filter layout.
+pub struct GatherFilterTile<
+    'a,
+    E,
+    const ROWS: u32,
+    const BK: u32,
+    const THREADS: u32,
+    const SLOTS: usize,
+    L,
+> {
+    p: &'a ConvGemmParams,
+    /// The filter at the tile's first output channel.
+    w: *const u8,
+    /// Each slot's row offset (elements), or `OUTSIDE` past the group's channels.
+    rows: [u32; SLOTS],
+    _e: PhantomData<(E, L)>,
+}
+
+impl<
+        'a,
+        E: MmaElement,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+        L: SmemLayout,
+    > ConvTileLoader<'a> for GatherFilterTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
+{
+    #[inline(always)]
+    unsafe fn new(p: &'a ConvGemmParams, w: *const u8, group: u32, first: u32) -> Self {
+        let g = &p.geo;
+        let mut rows = [OUTSIDE; SLOTS];
+        unrolled!(i in SLOTS => {
+            let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
+            if first + r < g.k_per_group {
+                rows[i] = r * g.w[0];
+            }
+        });
+        let k0 = group * g.k_per_group + first;
+        Self {
+            p,
+            w: w.add((k0 as u64 * g.w[0] as u64 * E::BYTES as u64) as usize),
+            rows,
+            _e: PhantomData,
+        }
+    }
+}
+
+impl<
+        E: MmaElement,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+        L: SmemLayout,
+    > TileLoader for GatherFilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+{
+    const K_MAJOR: bool = true;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        let g = &self.p.geo;
+        let row_chunks = BK / E::PER_CHUNK;
+        let (_, chunk) = slot_row(0, row_chunks, THREADS);
+        let mut words = [[0u32; 4]; SLOTS];
+        unrolled!(e in MAX_PER_CHUNK => if (e as u32) < E::PER_CHUNK {
+            if let Some(f) = flat_element::<E, BK>(self.p, kt, chunk, e as u32) {
+                let mut extra = f.c * g.w[1];
+                unrolled!(j in 3 => extra += f.tap[j] * g.w[2 + j]);
+                unrolled!(i in SLOTS => {
+                    let row = self.rows[i];
+                    if row != OUTSIDE {
+                        // SAFETY: the row is one of the group's output channels and
+                        // (tap, c) inside the filter, so the element lies in the filter
+                        // `w` covers.
+                        let v = load_element::<E>(
+                            self.w.add((row + extra) as usize * E::BYTES as usize),
+                        );
+                        pack::<E>(&mut words[i], e as u32, v);
+                    }
+                });
+            }
+        });
+        unrolled!(i in SLOTS => {
+            let (r, _) = slot_row(i as u32, row_chunks, THREADS);
+            st_shared_v4(dst + L::offset(r, chunk, ROWS, row_chunks), words[i]);
+        });
+    }
+}
+
 /// The convolution's epilogue for one group: GEMM `(row, col)` is output pixel `row`,
 /// channel `k0 + col`.
 pub struct ConvGemmEpilogue<'a, T> {
@@ -410,12 +662,12 @@ const fn slots(rows: u32, bk: u32, per_chunk: u32, threads: u32) -> usize {
     (rows * bk / per_chunk / threads) as usize
 }
 
-/// Stamps out `conv_fwd_igemm_tc_<BMxBN>_<dt>`: `(dt, storage type, MmaElement, BM, BN,
-/// BK, WARPS_M, WARPS_N, STAGES, MI, NI)`.
+/// Stamps out `conv_fwd_<kind>_<BMxBN>_<dt>`: `(kind, A loader, B loader; dt, storage type,
+/// MmaElement, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`.
 #[cfg(not(feature = "sm90a"))]
 macro_rules! igemm_mma_kernel {
-    ($dt:ident, $T:ty, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal, $wn:literal,
-     $st:literal, $mi:literal, $ni:literal) => {
+    ($kind:ident, $la:ident, $lb:ident; $dt:ident, $T:ty, $E:ty, $bm:literal, $bn:literal,
+     $bk:literal, $wm:literal, $wn:literal, $st:literal, $mi:literal, $ni:literal) => {
         // The tile is what the host launches for it (threads, stages, shared bytes), and
         // every thread's chunks share one column of the tile.
         const _: () = assert!(
@@ -429,18 +681,20 @@ macro_rules! igemm_mma_kernel {
         paste::paste! {
             /// # Safety
             /// `x`, `w`, `y` (and `bias`, `z` where the epilogue reads them) cover the
-            /// tensors `p` describes, with x and the filter channel-contiguous and their
-            /// other strides and bases 16-byte aligned.
+            /// tensors `p` describes; for the `cp.async` loaders (`igemm_tc`), x and the
+            /// filter are channel-contiguous with their other strides and bases 16-byte
+            /// aligned and whole chunks of channels per group (the gather loaders take
+            /// any layout).
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<conv_fwd_igemm_tc_ $bm x $bn _ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<conv_fwd_ $kind _ $bm x $bn _ $dt>](
                 p: ConvGemmParams, x: *const $T, w: *const $T, y: *mut $T, bias: *const $T,
                 z: *const $T,
             ) {
                 const T: u32 = 32 * $wm * $wn;
                 const PER: u32 = <$E as MmaElement>::PER_CHUNK;
                 type S = MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>;
-                type LA<'a> = Im2colTile<'a, $E, $bm, $bk, T, { slots($bm, $bk, PER, T) }, RowSwizzled>;
-                type LB<'a> = FilterTile<'a, $E, $bn, $bk, T, { slots($bn, $bk, PER, T) }, RowSwizzled>;
+                type LA<'a> = $la<'a, $E, $bm, $bk, T, { slots($bm, $bk, PER, T) }, RowSwizzled>;
+                type LB<'a> = $lb<'a, $E, $bn, $bk, T, { slots($bn, $bk, PER, T) }, RowSwizzled>;
                 let p = &p;
                 for_block::<$T, LA<'_>, LB<'_>>(
                     p,
@@ -461,16 +715,34 @@ macro_rules! igemm_mma_kernel {
 #[cfg(not(feature = "sm90a"))]
 mod sm80_kernels {
     use super::*;
-    igemm_mma_kernel!(f16, F16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
-    igemm_mma_kernel!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
-    igemm_mma_kernel!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
-    igemm_mma_kernel!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
-    igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
-    igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
-    igemm_mma_kernel!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
-    igemm_mma_kernel!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
-    igemm_mma_kernel!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
-    igemm_mma_kernel!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    /// The `cp.async` im2col kernels (`conv_fwd_igemm_tc_*`).
+    macro_rules! copy {
+        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc, Im2colTile, FilterTile; $($t)*); };
+    }
+    /// The gathering kernels over the flattened K (`conv_fwd_igemm_tc_gather_*`).
+    macro_rules! gather {
+        ($($t:tt)*) => {
+            igemm_mma_kernel!(igemm_tc_gather, GatherIm2colTile, GatherFilterTile; $($t)*);
+        };
+    }
+    copy!(f16, F16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
+    copy!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    copy!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
+    copy!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    copy!(bf16, Bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
+    copy!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    copy!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
+    copy!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+    copy!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+    copy!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    gather!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    gather!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
+    gather!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    gather!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    gather!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
+    gather!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+    gather!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+    gather!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
 }
 
 /// Stamps out `wgmma_conv_fwd_igemm_128x<BN>_<dt>` ([`wgmma_tile`], [`Sw128Atoms`] tiles).

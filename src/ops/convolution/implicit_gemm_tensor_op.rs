@@ -4,11 +4,15 @@
 //! (`kernels/src/convolution/implicit_gemm.rs`): `conv_fwd_igemm_tc_<tile>_<dt>`
 //! (`mma.sync`), or on Hopper `wgmma_conv_fwd_igemm_128x<BN>_<dt>` for K >= 256.
 //!
-//! A 16-byte chunk of a tile is a run of consecutive channels of one input pixel (or of
-//! one filter tap), so x and the filter must be channel-contiguous (NHWC-like x, KRSC
-//! filter) with the group's channel count a whole number of chunks and every other
-//! stride 16-byte aligned. y and z take any layout. Groups run as the grid's second
-//! dimension (each group is its own GEMM over its channels).
+//! In the `cp.async` kernels a 16-byte chunk of a tile is a run of consecutive channels of
+//! one input pixel (or of one filter tap), so they need x and the filter
+//! channel-contiguous (NHWC-like x, KRSC filter) with the group's channel count a whole
+//! number of chunks and every other stride 16-byte aligned. Where a problem is not
+//! ([`copy_declines`]: NCHW x, an RGB first layer, odd channel counts), the gather kernels
+//! `conv_fwd_igemm_tc_gather_<tile>_<dt>` run it instead: K flattened over (tap, channel)
+//! without padding per tap, elements loaded one by one (any layout, any channel count).
+//! y and z take any layout. Groups run as the grid's second dimension (each group is its
+//! own GEMM over its channels).
 
 use super::{Call, Problem};
 use crate::buffer::Buffer;
@@ -29,11 +33,13 @@ struct Tile {
     bm: u32,
     bn: u32,
     wgmma: bool,
+    /// The element-gathering loaders over the flattened K (`conv_fwd_igemm_tc_gather_*`).
+    gather: bool,
 }
 
 /// The tiles in order of preference (largest first, Hopper's first); a dtype has the
-/// ones whose kernels exist.
-const TILES: [Tile; 7] = [
+/// ones whose kernels exist. The gather tiles run what the `cp.async` ones cannot.
+const TILES: [Tile; 10] = [
     Tile::new(128, 256, true),
     Tile::new(128, 128, true),
     Tile::new(128, 64, true),
@@ -41,6 +47,9 @@ const TILES: [Tile; 7] = [
     Tile::new(128, 128, false),
     Tile::new(128, 64, false),
     Tile::new(64, 64, false),
+    Tile::gather(128, 128),
+    Tile::gather(128, 64),
+    Tile::gather(64, 64),
 ];
 
 /// The kernels' name for the operand type: the storage type, or `tf32` for f32 data.
@@ -53,7 +62,21 @@ fn operand_name(dtype: DataType) -> &'static str {
 
 impl Tile {
     const fn new(bm: u32, bn: u32, wgmma: bool) -> Self {
-        Self { bm, bn, wgmma }
+        Self {
+            bm,
+            bn,
+            wgmma,
+            gather: false,
+        }
+    }
+
+    const fn gather(bm: u32, bn: u32) -> Self {
+        Self {
+            bm,
+            bn,
+            wgmma: false,
+            gather: true,
+        }
     }
 
     fn kernel(&self, dtype: DataType) -> Option<&'static str> {
@@ -66,7 +89,8 @@ impl Tile {
             )
         } else {
             format!(
-                "conv_fwd_igemm_tc_{}x{}_{}",
+                "conv_fwd_igemm_tc_{}{}x{}_{}",
+                if self.gather { "gather_" } else { "" },
                 self.bm,
                 self.bn,
                 operand_name(dtype)
@@ -113,15 +137,22 @@ fn bk(dtype: DataType) -> u32 {
     MMA_BK_BYTES / dtype.size_bytes() as u32
 }
 
-/// `(output pixels, GEMM K tiles)`.
-fn gemm_extents(p: &Problem) -> (u64, u64) {
+/// `(output pixels, GEMM K tiles)` of the `cp.async` kernels (K padded to whole tiles
+/// per tap) or the gather kernels (`gather`: K flattened, `taps * c_per_group`).
+fn gemm_extents(p: &Problem, gather: bool) -> (u64, u64) {
     let g = &p.geo;
     let m = g.n as u64 * g.output.iter().map(|&o| o as u64).product::<u64>();
     let taps = g.filter.iter().map(|&f| f as u64).product::<u64>();
-    (m, taps * g.c_per_group.div_ceil(bk(p.dtype)) as u64)
+    let bk = bk(p.dtype) as u64;
+    if gather {
+        (m, (taps * g.c_per_group as u64).div_ceil(bk))
+    } else {
+        (m, taps * (g.c_per_group as u64).div_ceil(bk))
+    }
 }
 
-/// Why this algorithm cannot run the problem, or `None` if it can.
+/// Why this algorithm cannot run the problem, or `None` if it can (the gather kernels
+/// take whatever [`copy_declines`] turns away).
 pub(super) fn declines(p: &Problem) -> Option<String> {
     let g = &p.geo;
     let math_ok = match p.math {
@@ -135,6 +166,21 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
             p.math, p.dtype
         ));
     }
+    if g.groups > 65535 {
+        return Some(format!("{} groups exceed the grid's 65535", g.groups));
+    }
+    let gather = copy_declines(p).is_some();
+    let (m, k_tiles) = gemm_extents(p, gather);
+    if k_tiles * bk(p.dtype) as u64 > u32::MAX as u64 || m > i32::MAX as u64 {
+        return Some("the GEMM's K or M exceeds 32 bits".to_string());
+    }
+    None
+}
+
+/// Why the `cp.async` kernels cannot copy the problem's operands in 16-byte chunks (the
+/// gather kernels then run it), or `None` if they can.
+fn copy_declines(p: &Problem) -> Option<String> {
+    let g = &p.geo;
     let per = per_chunk(p.dtype);
     if g.x[1] != 1 && g.c > 1 {
         return Some(format!(
@@ -169,13 +215,6 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
             g.w
         ));
     }
-    if g.groups > 65535 {
-        return Some(format!("{} groups exceed the grid's 65535", g.groups));
-    }
-    let (m, k_tiles) = gemm_extents(p);
-    if k_tiles * bk(p.dtype) as u64 > u32::MAX as u64 || m > i32::MAX as u64 {
-        return Some("the GEMM's K or M exceeds 32 bits".to_string());
-    }
     None
 }
 
@@ -192,15 +231,20 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
 /// mostly past the group's channels: the largest whose blocks keep 3/4 of the SMs busy (8
 /// blocks per SM when K < 256, where the epilogue dominates), else the smallest.
 ///
+/// Problems the `cp.async` kernels cannot copy ([`copy_declines`]) choose among the
+/// gather tiles alone, the same way.
+///
 /// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`) forces a tile, for tuning and
 /// tests; naming one without a kernel for the problem is an error.
 fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     let g = &p.geo;
-    let (m, k_tiles) = gemm_extents(p);
+    let gather = copy_declines(p).is_some();
+    let (m, k_tiles) = gemm_extents(p, gather);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
+        .filter(|t| t.gather == gather)
         .filter(|t| !t.wgmma || gpu.is_sm90a())
         .filter_map(|t| t.kernel(p.dtype).map(|name| (t, name)))
         .collect();
@@ -251,7 +295,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     let p = call.p;
     let g = &p.geo;
     let (tile, kernel) = choose(p, call.gpu)?;
-    let (m, k_tiles) = gemm_extents(p);
+    let (m, k_tiles) = gemm_extents(p, tile.gather);
     let tiles_m = m.div_ceil(tile.bm as u64);
     let tiles_n = g.k_per_group.div_ceil(tile.bn) as u64;
     if tiles_m * tiles_n > i32::MAX as u64 {
@@ -270,6 +314,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         k_tiles: k_tiles as u32,
         tiles_m: tiles_m as u32,
         tiles_n: tiles_n as u32,
+        channels: FastDivisor::new(g.c_per_group),
     };
     let cfg = LaunchConfig {
         grid: (tiles_m * tiles_n) as u32,
@@ -281,10 +326,13 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry's dims and strides describe; every span is below 2^31 elements (checked by
     // the algorithm), so the kernel's 32-bit offsets do not wrap for any element inside;
-    // `declines` checked that x and the filter are channel-contiguous with 16-byte aligned
-    // other strides and whole chunks of channels per group (device allocations are
-    // 256-byte aligned), so every 16-byte copy the loaders issue for an element inside
-    // lies in its buffer, and copies outside are zero-fills that read nothing; bias and z
+    // for the `cp.async` kernels, `copy_declines` checked that x and the filter are
+    // channel-contiguous with 16-byte aligned other strides and whole chunks of channels
+    // per group (device allocations are 256-byte aligned), so every 16-byte copy the
+    // loaders issue for an element inside lies in its buffer, and copies outside are
+    // zero-fills that read nothing; the gather kernels load single elements, only those
+    // inside the input, the filter and the flattened K (`channels` is c_per_group, the
+    // K tiles cover taps * c_per_group, the rest zeros); bias and z
     // are read only when the epilogue has them, which is exactly when they were given.
     unsafe { call.gpu.launch(kernel, cfg, &params, &pointers) }
 }
