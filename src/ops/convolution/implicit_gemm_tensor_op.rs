@@ -179,6 +179,12 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
 
 /// Why the `cp.async` kernels cannot copy the problem's operands in 16-byte chunks (the
 /// gather kernels then run it), or `None` if they can.
+/// Whether this problem runs on the element-gathering kernels (the `cp.async` ones
+/// decline its layout), which are several times slower per flop.
+pub(super) fn gathers(p: &Problem) -> bool {
+    copy_declines(p).is_some()
+}
+
 fn copy_declines(p: &Problem) -> Option<String> {
     let g = &p.geo;
     let per = per_chunk(p.dtype);
