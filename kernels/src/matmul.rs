@@ -405,12 +405,21 @@ impl MatmulEpilogue {
         // Elements per 16-byte vector (8 or 4).
         let per = 16 / size;
         if c + RUN > self.n || p.out.col != 1 || (at as usize) % 16 != 0 {
-            unrolled!(j in L / 2 => {
-                let cj = c + 2 * j as u32;
-                if cj < self.n {
-                    self.finish::<O>(r, cj, [v[2 * j], v[2 * j + 1]]);
-                }
-            });
+            // Pair by pair, in a loop with a run-time trip count so that it stays rolled:
+            // one more copy of the pair epilogue, not four.
+            const _: () = assert!(RUN == 8);
+            let pairs = (self.n - c).min(RUN).div_ceil(2);
+            let mut j = 0;
+            while j < pairs {
+                let pair = match j {
+                    0 => [v[0], v[1]],
+                    1 => [v[2], v[3]],
+                    2 => [v[4], v[5]],
+                    _ => [v[6], v[7]],
+                };
+                self.finish::<O>(r, c + 2 * j, pair);
+                j += 1;
+            }
             return;
         }
         let x = epilogue::apply(
@@ -674,16 +683,13 @@ mod sm80_kernels {
     mma_kernels!(matmul_mma_128x256, f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
     mma_kernels!(matmul_mma_128x128, f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
     mma_kernels!(matmul_mma_64x64, f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
-    mma_kernels!(matmul_mma_128x128s, f16, F16, 128, 128, 64, 2, 4, 2, 4, 4);
     mma_kernels!(matmul_mma_64x64s, f16, F16, 64, 64, 64, 2, 2, 2, 2, 4);
     mma_kernels!(matmul_mma_128x256, bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
     mma_kernels!(matmul_mma_128x128, bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
     mma_kernels!(matmul_mma_64x64, bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
-    mma_kernels!(matmul_mma_128x128s, bf16, Bf16, 128, 128, 64, 2, 4, 2, 4, 4);
     mma_kernels!(matmul_mma_64x64s, bf16, Bf16, 64, 64, 64, 2, 2, 2, 2, 4);
     mma_kernels!(matmul_mma_128x128, tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
     mma_kernels!(matmul_mma_64x64, tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
-    mma_kernels!(matmul_mma_128x128s, tf32, Tf32, 128, 128, 32, 2, 4, 2, 4, 4);
     mma_kernels!(matmul_mma_64x64s, tf32, Tf32, 64, 64, 32, 2, 2, 2, 2, 4);
     fma_kernel!(128, 256);
     fma_kernel!(128, 128);

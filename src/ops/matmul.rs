@@ -93,25 +93,21 @@ pub enum MatmulAlgo {
     Tile128x128,
     /// 64 x 64, for small or skinny problems (tensor cores: 4 warps; FMA: 4 x 4 per thread).
     Tile64x64,
-    /// [`Self::Tile128x128`]'s tensor-core kernels with 2 shared stages instead of 4, for
-    /// K of at most one stage (64 16-bit or 32 tf32 elements; any K runs): half the shared
-    /// memory, so twice the blocks per SM overlap one another's loads and stores. No FMA
-    /// kernel.
-    Tile128x128ShortK,
-    /// [`Self::Tile64x64`]'s tensor-core kernels with 2 stages (as
-    /// [`Self::Tile128x128ShortK`]). No FMA kernel.
+    /// [`Self::Tile64x64`]'s tensor-core kernels with 2 shared stages instead of 4 and at
+    /// most 128 registers, for K of at most one stage (64 16-bit or 32 tf32 elements; any
+    /// K runs): 4 blocks per SM instead of 3 overlap one another's loads and stores. No
+    /// FMA kernel.
     Tile64x64ShortK,
 }
 
 impl MatmulAlgo {
     /// Every algorithm: the Hopper ones, then the others, each group largest tile first.
-    pub const ALL: [MatmulAlgo; 7] = [
+    pub const ALL: [MatmulAlgo; 6] = [
         Self::Wgmma128x256,
         Self::Wgmma128x128,
         Self::Tile128x256,
         Self::Tile128x128,
         Self::Tile64x64,
-        Self::Tile128x128ShortK,
         Self::Tile64x64ShortK,
     ];
 
@@ -119,14 +115,14 @@ impl MatmulAlgo {
     pub fn tile(self) -> (usize, usize) {
         match self {
             Self::Wgmma128x256 | Self::Tile128x256 => (128, 256),
-            Self::Wgmma128x128 | Self::Tile128x128 | Self::Tile128x128ShortK => (128, 128),
+            Self::Wgmma128x128 | Self::Tile128x128 => (128, 128),
             Self::Tile64x64 | Self::Tile64x64ShortK => (64, 64),
         }
     }
 
     /// Whether this is a short-K variant (2 shared stages, tensor cores only).
     pub fn short_k(self) -> bool {
-        matches!(self, Self::Tile128x128ShortK | Self::Tile64x64ShortK)
+        self == Self::Tile64x64ShortK
     }
 
     /// Whether this algorithm has kernels for `math` (whether it runs a given problem on a
@@ -135,7 +131,7 @@ impl MatmulAlgo {
         match self {
             Self::Wgmma128x256 | Self::Wgmma128x128 => math == MatmulMath::TensorOp,
             Self::Tile128x256 => math != MatmulMath::Tf32,
-            Self::Tile128x128ShortK | Self::Tile64x64ShortK => math != MatmulMath::Fma,
+            Self::Tile64x64ShortK => math != MatmulMath::Fma,
             _ => true,
         }
     }
@@ -626,9 +622,10 @@ impl Problem {
     /// On sm_90a the `wgmma` tiles come first, by the same rule, when K >= 256 (below, the
     /// epilogue dominates and the small sm_80 tiles spread it wider).
     ///
-    /// On tensor cores, K of at most one shared stage takes the short-K tiles only (and
-    /// longer K never does): a block then has nothing of its own to overlap, so more
-    /// blocks per SM pay more than pipeline depth.
+    /// On tensor cores, K of at most one shared stage takes [`MatmulAlgo::Tile64x64ShortK`]
+    /// (and longer K never a short-K tile): a block then has nothing of its own to
+    /// overlap, so more blocks per SM (4 of 64 x 64 at 2 stages and 128 registers, against
+    /// 3 at 4 stages and 168) pay more than pipeline depth.
     fn heuristic(&self, sm_count: u32, sm90a: bool) -> MatmulAlgo {
         let sms = sm_count as usize;
         let wanted = if self.k < 256 {
@@ -638,17 +635,16 @@ impl Problem {
         };
         let short = self.math != MatmulMath::Fma
             && self.k * self.input.size_bytes() <= MMA_BK_BYTES as usize;
+        if short {
+            return MatmulAlgo::Tile64x64ShortK;
+        }
         MatmulAlgo::ALL
             .into_iter()
             .filter(|&a| self.check_algorithm(a, sm90a).is_ok())
             .filter(|a| !a.needs_sm90a() || self.k >= 256)
-            .filter(|a| a.short_k() == short)
+            .filter(|a| !a.short_k())
             .find(|&a| self.tiles(a) >= wanted)
-            .unwrap_or(if short {
-                MatmulAlgo::Tile64x64ShortK
-            } else {
-                MatmulAlgo::Tile64x64
-            })
+            .unwrap_or(MatmulAlgo::Tile64x64)
     }
 
     /// Whether `algo` runs this problem on a device with (`sm90a`) or without the Hopper
