@@ -961,7 +961,7 @@ fn short_k_and_wide_epilogue_exact_on_integers() {
     });
 }
 
-/// The heuristic takes the short-K tiles for tensor-core K of one stage, and never otherwise.
+/// The heuristic takes the short-K tile for tensor-core K of up to two stages, and never otherwise.
 #[test]
 fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
     let desc = |dt, dims: &[usize]| TensorDescriptor::packed(dt, dims).unwrap();
@@ -969,9 +969,10 @@ fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
         for (dt, math, k, short) in [
             (DataType::F16, MatmulMath::TensorOp, 64, true),
             (DataType::F16, MatmulMath::TensorOp, 16, true),
-            (DataType::F16, MatmulMath::TensorOp, 65, false),
-            (DataType::F32, MatmulMath::Tf32, 32, true),
-            (DataType::F32, MatmulMath::Tf32, 64, false),
+            (DataType::F16, MatmulMath::TensorOp, 128, true),
+            (DataType::F16, MatmulMath::TensorOp, 129, false),
+            (DataType::F32, MatmulMath::Tf32, 64, true),
+            (DataType::F32, MatmulMath::Tf32, 65, false),
             (DataType::F32, MatmulMath::Fma, 16, false),
         ] {
             let (a, b, c) = (
