@@ -53,7 +53,7 @@ fn main() {
     let mut names = Vec::new();
     let mut modules = Vec::new();
     for (build, arch) in [(main, arch.as_str()), (hopper, HOPPER_ARCH)] {
-        let ptx = declare_dynamic_smem(&build.finish());
+        let ptx = occupancy_hints(&declare_dynamic_smem(&build.finish()));
         let embedded = out.join(format!("oxidnn_kernels_{arch}.ptx"));
         fs::write(&embedded, &ptx)
             .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
@@ -235,6 +235,44 @@ fn declare_dynamic_smem(ptx: &str) -> String {
         &ptx[..header_end],
         &ptx[header_end..]
     )
+}
+
+/// Kernels that must fit `blocks` blocks of `threads` threads per SM: `(name prefix,
+/// threads, blocks)`. ptxas then caps their registers (65536 / (threads * blocks)).
+/// The 64 x 64 short-K matmul tile's `cp.async` kernels: 4 blocks of 4 warps at 128
+/// registers (157 unbounded, 3 blocks; 16-bit: 0-4 B of spills, tf32: up to 116 B); its 2
+/// stages (32 KB) let 4 blocks share an SM's shared memory. (The gather kernels, `gg`,
+/// would spill over 1 KB.)
+const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
+    ("matmul_mma_64x64s_kk_", 128, 4),
+    ("matmul_mma_64x64s_kn_", 128, 4),
+    ("matmul_mma_64x64s_nk_", 128, 4),
+    ("matmul_mma_64x64s_nn_", 128, 4),
+];
+
+/// Adds `.maxntid` / `.minnctapersm` to the entries [`MIN_BLOCKS_PER_SM`] names, after
+/// their parameter lists.
+fn occupancy_hints(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len() + 1024);
+    let mut pending = None;
+    for line in ptx.lines() {
+        out.push_str(line);
+        out.push('\n');
+        if let Some(name) = line.trim().strip_prefix(".visible .entry ") {
+            let name = name.trim_end_matches('(');
+            pending = MIN_BLOCKS_PER_SM
+                .iter()
+                .find(|(prefix, _, _)| name.starts_with(prefix))
+                .map(|&(_, threads, blocks)| (threads, blocks));
+        } else if line.starts_with(')') {
+            if let Some((threads, blocks)) = pending.take() {
+                out.push_str(&format!(
+                    ".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The names of the `.entry` functions in the PTX, sorted.

@@ -1931,5 +1931,63 @@ fn implicit_gemm_tensor_op_gather_timing() {
             if last { "nhwc" } else { "nchw" },
             row.join(", ")
         );
+
+// Gemm1x1 on short K (the matmul core's short-K tiles)
+// ---------------------------------------------------------------------------------------
+
+/// 1x1 convolutions of ResNet-50 whose GEMM has a short K (`find`, median of 5):
+/// `cargo test --release --test convolution -- --ignored --nocapture time_gemm1x1_short_k`.
+#[test]
+#[ignore]
+fn time_gemm1x1_short_k() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    for (label, dt, math, layout, dims) in [
+        (
+            "res2a_branch1 c64k256 56x56 f16 NHWC",
+            DataType::F16,
+            MathType::TensorOp,
+            Layout::ChannelsLast,
+            (32, 64, 256, [56, 56]),
+        ),
+        (
+            "res2a_branch2a c64k64 56x56 f16 NHWC",
+            DataType::F16,
+            MathType::TensorOp,
+            Layout::ChannelsLast,
+            (32, 64, 64, [56, 56]),
+        ),
+        (
+            "res3a_branch2c c128k512 28x28 f16 NHWC",
+            DataType::F16,
+            MathType::TensorOp,
+            Layout::ChannelsLast,
+            (32, 128, 512, [28, 28]),
+        ),
+        (
+            "c256k64 56x56 f32 NCHW Fma",
+            DataType::F32,
+            MathType::Fma,
+            Layout::ChannelsFirst,
+            (32, 256, 64, [56, 56]),
+        ),
+    ] {
+        let case = case2d(dt, math, dims, (1, 0, 1, 1, 1), layout, XCORR);
+        let mut r = rng(7);
+        let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
+        let w = h
+            .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+            .unwrap();
+        let mut y = h.alloc(&case.y).unwrap();
+        let found = find_convolution_forward_algorithm(
+            h, &case.x, &x, &case.w, &w, &case.conv, &case.y, &mut y, None,
+        )
+        .unwrap();
+        let line: Vec<_> = found
+            .iter()
+            .map(|p| format!("{:?} {:.4}", p.algo, p.time_ms))
+            .collect();
+        println!("{label}: {}", line.join(", "));
     }
 }

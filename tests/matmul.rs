@@ -888,3 +888,163 @@ fn unsupported_precision_combinations_say_so() {
         assert!(matches!(call.run(h), Err(Error::NotSupported { .. })));
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// Short-K tiles and the wide (8-column) epilogue
+// ---------------------------------------------------------------------------------------
+
+/// The short-K tile (2 stages) and the tensor-core tiles' 8-column epilogue runs at K of
+/// one stage and below and across several stages, output widths that are and are not
+/// multiples of 8, aligned and unaligned output rows, row- and column-major C, and the
+/// whole epilogue in 16-bit and f32 output: exact on integers.
+#[test]
+fn short_k_and_wide_epilogue_exact_on_integers() {
+    with_gpu("short_k_exact_on_integers", |h| {
+        // (m, n, k, batch)
+        let shapes = [
+            (200, 72, 16, None),
+            (131, 257, 64, Some(2)),
+            (64, 8, 1, None),
+            (300, 100, 33, None),
+            (96, 136, 128, Some(2)),
+            (130, 64, 200, None),
+        ];
+        let mut r = rng(31);
+        for (input, math) in [
+            (DataType::F16, MatmulMath::TensorOp),
+            (DataType::BF16, MatmulMath::TensorOp),
+            (DataType::F32, MatmulMath::Tf32),
+        ] {
+            let algos = [MatmulAlgo::Tile64x64ShortK, MatmulAlgo::Tile64x64];
+            for algo in algos {
+                for (i, &(m, n, k, batch)) in shapes.iter().enumerate() {
+                    for layouts in 0..4u8 {
+                        let full = (i + layouts as usize) % 2 == 1;
+                        // 16-bit output on the smaller magnitudes (K <= 128 keeps sums exact).
+                        let output = if full && k <= 128 && input == DataType::F16 {
+                            DataType::F16
+                        } else {
+                            DataType::F32
+                        };
+                        let c = Case {
+                            input,
+                            output,
+                            math,
+                            algo: Some(algo),
+                            m,
+                            n,
+                            k,
+                            batch,
+                            broadcast: (false, i % 3 == 1),
+                            col_major: (layouts & 1 != 0, false, layouts & 2 != 0),
+                            pads: (8 * (i % 2), 0, [0, 1, 8][i % 3]),
+                            alpha: 1.0,
+                            beta: if full { 1.0 } else { 0.0 },
+                            activation: if full {
+                                ActivationDescriptor::relu()
+                            } else {
+                                ActivationDescriptor::identity()
+                            },
+                            bias: match (full, i % 2) {
+                                (false, _) => BiasMode::None,
+                                (true, 0) => BiasMode::PerColumn,
+                                _ => BiasMode::PerRow,
+                            },
+                            residual: full.then_some(-1.0),
+                        };
+                        let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
+                        run_and_check(h, &c, &mut p, 0.0);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// The heuristic takes the short-K tile for tensor-core K of up to two stages, and never otherwise.
+#[test]
+fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
+    let desc = |dt, dims: &[usize]| TensorDescriptor::packed(dt, dims).unwrap();
+    for h in handles() {
+        for (dt, math, k, short) in [
+            (DataType::F16, MatmulMath::TensorOp, 64, true),
+            (DataType::F16, MatmulMath::TensorOp, 16, true),
+            (DataType::F16, MatmulMath::TensorOp, 128, true),
+            (DataType::F16, MatmulMath::TensorOp, 129, false),
+            (DataType::F32, MatmulMath::Tf32, 64, true),
+            (DataType::F32, MatmulMath::Tf32, 65, false),
+            (DataType::F32, MatmulMath::Fma, 16, false),
+        ] {
+            let (a, b, c) = (
+                desc(dt, &[4096, k]),
+                desc(dt, &[k, 4096]),
+                desc(dt, &[4096, 4096]),
+            );
+            let algo = get_matmul_algorithm(h, &MatmulDescriptor::new(math), &a, &b, &c).unwrap();
+            assert_eq!(algo.short_k(), short, "{dt} {math:?} K={k}: {algo:?}");
+        }
+    }
+}
+
+/// Short-K timings (`find`, median of 10): `cargo test --release --test matmul -- --ignored
+/// --nocapture time_short_k`.
+#[test]
+#[ignore]
+fn time_short_k() {
+    with_gpu("time_short_k", |h| {
+        for (input, math) in [
+            (DataType::F16, MatmulMath::TensorOp),
+            (DataType::F32, MatmulMath::Fma),
+            (DataType::F32, MatmulMath::Tf32),
+        ] {
+            for k in [16, 128] {
+                let c = Case {
+                    input,
+                    output: input,
+                    math,
+                    algo: None,
+                    m: 4096,
+                    n: 4096,
+                    k,
+                    batch: None,
+                    broadcast: (false, false),
+                    col_major: (false, false, false),
+                    pads: (0, 0, 0),
+                    alpha: 1.0,
+                    beta: 0.0,
+                    activation: ActivationDescriptor::identity(),
+                    bias: BiasMode::None,
+                    residual: None,
+                };
+                let mut r = rng(5);
+                let mut p = prepare(h, &c, &mut |d| random(d, -1.0, 1.0, &mut r));
+                let desc = MatmulDescriptor::new(math);
+                let picked = get_matmul_algorithm(h, &desc, &p.a_desc, &p.b_desc, &p.c_desc);
+                let ranked = find_matmul_algorithm(
+                    h,
+                    &desc,
+                    1.0,
+                    &p.a_desc,
+                    &p.a,
+                    &p.b_desc,
+                    &p.b,
+                    0.0,
+                    &p.c_desc,
+                    &mut p.c,
+                    &MatmulEpilogue::default(),
+                    10,
+                )
+                .unwrap();
+                let line: Vec<_> = ranked
+                    .iter()
+                    .map(|r| format!("{:?} {:.4}", r.algo, r.time_ms))
+                    .collect();
+                println!(
+                    "matmul 4096x4096x{k} {} {math:?} picked {picked:?}: {}",
+                    input.name(),
+                    line.join(", ")
+                );
+            }
+        }
+    });
+}

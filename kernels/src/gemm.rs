@@ -158,7 +158,32 @@ pub trait Epilogue {
     /// # Safety
     /// Implementations check bounds; callers pass each pair once.
     unsafe fn store_pair(&self, row: u32, col: u32, v: [f32; 2]);
+
+    /// Whether the drains hand this epilogue runs of [`RUN`] columns ([`Self::store_run`],
+    /// one thread per run: wide stores) rather than pairs (one thread per pair: a warp's
+    /// pair stores cover a contiguous stretch of a row).
+    const WIDE: bool = false;
+
+    /// Output elements `(row, col + j)`, `j < RUN`, have accumulators `v`; `row` is inside
+    /// the output, columns from `col + 1` on may not be. Only called when [`Self::WIDE`];
+    /// by default, pair by pair.
+    ///
+    /// # Safety
+    /// As [`Self::store_pair`].
+    #[inline(always)]
+    unsafe fn store_run(&self, row: u32, col: u32, v: [f32; RUN as usize]) {
+        let (_, n) = self.extent();
+        unrolled!(j in (RUN / 2) as usize => {
+            let c = col + 2 * j as u32;
+            if c < n {
+                self.store_pair(row, c, [v[2 * j], v[2 * j + 1]]);
+            }
+        });
+    }
 }
+
+/// Columns of one [`Epilogue::store_run`]: 16 bytes of 16-bit output, 32 of f32.
+pub const RUN: u32 = 8;
 
 /// Loads the `ldmatrix.x4` fragment that covers MN `[mn0, mn0 + 16)` and the two chunks of K
 /// from chunk `kc0` of a shared operand tile (K-major or MN-major): for A (`IS_A`), registers `a0..a3` of the
@@ -358,9 +383,10 @@ pub const fn mma_stage_bytes(warps: u32, warp_n: u32) -> u32 {
 }
 
 /// Hands the part inside the output of a staged `rows x cols` f32 tile (shared, row
-/// stride `stride` floats, origin `(r0, c0)` of the output) to `ep` two columns at a time:
-/// pairs `first, first + step, ..` in row-major order, so that consecutive threads store
-/// consecutive pairs of a row. The loop stays rolled (its trip count depends on the
+/// stride `stride` floats, a multiple of 4; origin `(r0, c0)` of the output) to `ep`, two
+/// columns at a time or, when `EP::WIDE`, [`RUN`] at a time (`cols` a multiple of it):
+/// units `first, first + step, ..` in row-major order, so that consecutive threads store
+/// consecutive units of a row. The loop stays rolled (its trip count depends on the
 /// output's edge): one copy of the epilogue's code per kernel.
 #[inline(always)]
 unsafe fn drain<EP: Epilogue>(
@@ -375,19 +401,30 @@ unsafe fn drain<EP: Epilogue>(
     let (m, n) = ep.extent();
     let rows = m.saturating_sub(r0).min(rows);
     let cols = n.saturating_sub(c0).min(cols);
-    let pairs = cols.div_ceil(2);
-    if pairs == 0 {
+    let width = if EP::WIDE { RUN } else { 2 };
+    let units = cols.div_ceil(width);
+    if units == 0 {
         return;
     }
     let mut q = first;
-    while q < rows * pairs {
-        let (r, p) = (q / pairs, q % pairs);
-        let v = ld_shared_v2(tile + (r * stride + 2 * p) * 4);
-        ep.store_pair(
-            r0 + r,
-            c0 + 2 * p,
-            [f32::from_bits(v[0]), f32::from_bits(v[1])],
-        );
+    while q < rows * units {
+        let (r, u) = (q / units, q % units);
+        let at = tile + (r * stride + width * u) * 4;
+        if EP::WIDE {
+            // In the staged tile: `cols` rounded up to RUN stays within its columns.
+            let (lo, hi) = (ld_shared_v4(at), ld_shared_v4(at + 16));
+            let v = core::array::from_fn(|i| {
+                f32::from_bits(if i < 4 { lo[i % 4] } else { hi[i % 4] })
+            });
+            ep.store_run(r0 + r, c0 + width * u, v);
+        } else {
+            let v = ld_shared_v2(at);
+            ep.store_pair(
+                r0 + r,
+                c0 + width * u,
+                [f32::from_bits(v[0]), f32::from_bits(v[1])],
+            );
+        }
         q += step;
     }
 }

@@ -18,7 +18,7 @@ use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
 use crate::gemm::{
     fma_stage_bytes, fma_tile, mma_stage_bytes, mma_tile, swizzled, Epilogue, Gather, MmaElement,
-    MmaShape, RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, FMA_THREADS,
+    MmaShape, RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, FMA_THREADS, RUN,
 };
 use crate::unrolled;
 #[cfg(feature = "sm90a")]
@@ -28,8 +28,8 @@ use crate::{
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES,
+    fma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads, tile_coords, BiasMode,
+    EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES, MMA_SHORT_K_STAGES,
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, WGMMA_BM, WGMMA_THREADS};
@@ -392,7 +392,91 @@ impl MatmulEpilogue {
     }
 }
 
+impl MatmulEpilogue {
+    /// [`Epilogue::store_run`] for `O` outputs: one or two 16-byte stores when the run lies
+    /// inside the output, along a unit-stride row, 16-byte aligned; else pair by pair.
+    #[inline(always)]
+    unsafe fn finish_run<O: Element>(&self, r: u32, c: u32, v: [f32; RUN as usize]) {
+        const L: usize = RUN as usize;
+        let p = &self.p;
+        let out = self.d as *mut O;
+        let at = out.add((r as u64 * p.out.row + c as u64 * p.out.col) as usize);
+        let size = core::mem::size_of::<O>();
+        // Elements per 16-byte vector (8 or 4).
+        let per = 16 / size;
+        if c + RUN > self.n || p.out.col != 1 || (at as usize) % 16 != 0 {
+            // Pair by pair, in a loop with a run-time trip count so that it stays rolled:
+            // one more copy of the pair epilogue, not four.
+            const _: () = assert!(RUN == 8);
+            let pairs = (self.n - c).min(RUN).div_ceil(2);
+            let mut j = 0;
+            while j < pairs {
+                let pair = match j {
+                    0 => [v[0], v[1]],
+                    1 => [v[2], v[3]],
+                    2 => [v[4], v[5]],
+                    _ => [v[6], v[7]],
+                };
+                self.finish::<O>(r, c + 2 * j, pair);
+                j += 1;
+            }
+            return;
+        }
+        let x = epilogue::apply(
+            &p.ops,
+            v,
+            O::LOW_PRECISION,
+            || {
+                // One vector of 8 16-bit elements, or two of 4 f32 ones.
+                if per == L {
+                    O::unpack::<L>(O::load_raw::<L>(at, false))
+                } else {
+                    let lo = O::unpack::<4>(O::load_raw::<4>(at, false));
+                    let hi = O::unpack::<4>(O::load_raw::<4>(at.add(4), false));
+                    core::array::from_fn(|i| if i < 4 { lo[i % 4] } else { hi[i % 4] })
+                }
+            },
+            |mode| {
+                let bias = self.bias as *const O;
+                if mode == BiasMode::PerRow {
+                    [O::load(bias.add(r as usize)); L]
+                } else {
+                    core::array::from_fn(|j| O::load(bias.add(c as usize + j)))
+                }
+            },
+            || {
+                let z = self.z as *const O;
+                let zl = &p.residual;
+                core::array::from_fn(|j| {
+                    let zo = r as u64 * zl.row + (c as u64 + j as u64) * zl.col;
+                    O::load(z.add(zo as usize))
+                })
+            },
+        );
+        if per == L {
+            O::store_vec::<L>(at, x);
+        } else {
+            O::store_vec::<4>(at, core::array::from_fn(|i| x[i % 4]));
+            O::store_vec::<4>(at.add(4), core::array::from_fn(|i| x[4 + i % 4]));
+        }
+    }
+}
+
 impl Epilogue for MatmulEpilogue {
+    const WIDE: bool = true;
+
+    #[inline(always)]
+    unsafe fn store_run(&self, r: u32, c: u32, v: [f32; RUN as usize]) {
+        if r >= self.m || c >= self.n {
+            return;
+        }
+        match OutputType::from_u32(self.p.ops.out_type) {
+            OutputType::F32 => self.finish_run::<f32>(r, c, v),
+            OutputType::F16 => self.finish_run::<F16>(r, c, v),
+            OutputType::Bf16 => self.finish_run::<Bf16>(r, c, v),
+        }
+    }
+
     #[inline(always)]
     fn extent(&self) -> (u32, u32) {
         (self.m, self.n)
@@ -508,26 +592,28 @@ const fn slots(rows: u32, bk: u32, per_chunk: u32, threads: u32) -> usize {
     (rows * bk / per_chunk / threads) as usize
 }
 
-/// Stamps out the tensor-core entry points of one element type and tile:
-/// `(suffix, Element, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`.
+/// Stamps out the tensor-core entry points `<name>_<la><lb>_<suffix>` of one element type
+/// and tile: `(name, suffix, Element, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`. The
+/// name is `matmul_mma_<BM>x<BN>` for the tile's usual depth ([`mma_stages`]), with an
+/// `s` appended for the short-K depth ([`MMA_SHORT_K_STAGES`]).
 macro_rules! mma_kernels {
-    ($dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal, $wn:literal,
-     $st:literal, $mi:literal, $ni:literal) => {
+    ($name:ident, $dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal,
+     $wn:literal, $st:literal, $mi:literal, $ni:literal) => {
         // The tile is what the host launches for it (threads, stages, shared bytes).
         const _: () = assert!(
             $bm == $wm * $mi * 16 && $bn == $wn * $ni * 8 && $ni % 2 == 0
                 && 32 * $wm * $wn == mma_threads($bm, $bn)
-                && $st == mma_stages($bm, $bn)
+                && ($st == mma_stages($bm, $bn) || $st == MMA_SHORT_K_STAGES)
                 && $bk * <$E as MmaElement>::BYTES == MMA_BK_BYTES
-                && mma_stage_bytes($wm * $wn, $ni * 8) <= mma_shared_bytes($bm, $bn)
+                && mma_stage_bytes($wm * $wn, $ni * 8) <= mma_shared_bytes_staged($bm, $bn, $st)
         );
-        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, k, true);
-        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, n, false);
-        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, k, true);
-        mma_kernels!(@one $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, n, false);
+        mma_kernels!(@one $name, $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, k, true);
+        mma_kernels!(@one $name, $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, k, true, n, false);
+        mma_kernels!(@one $name, $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, k, true);
+        mma_kernels!(@one $name, $dt, $E, $bm, $bn, $bk, $wm, $wn, $st, $mi, $ni, n, false, n, false);
         paste::paste! {
             #[no_mangle]
-            pub unsafe extern "ptx-kernel" fn [<matmul_mma_ $bm x $bn _gg_ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<$name _gg_ $dt>](
                 p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
                 z: *const u8,
             ) {
@@ -539,11 +625,12 @@ macro_rules! mma_kernels {
             }
         }
     };
-    (@one $dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal, $wn:literal,
-     $st:literal, $mi:literal, $ni:literal, $la:ident, $ka:literal, $lb:ident, $kb:literal) => {
+    (@one $name:ident, $dt:ident, $E:ty, $bm:literal, $bn:literal, $bk:literal, $wm:literal,
+     $wn:literal, $st:literal, $mi:literal, $ni:literal, $la:ident, $ka:literal, $lb:ident,
+     $kb:literal) => {
         paste::paste! {
             #[no_mangle]
-            pub unsafe extern "ptx-kernel" fn [<matmul_mma_ $bm x $bn _ $la $lb _ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<$name _ $la $lb _ $dt>](
                 p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
                 z: *const u8,
             ) {
@@ -593,14 +680,17 @@ macro_rules! fma_kernel {
 #[cfg(not(feature = "sm90a"))]
 mod sm80_kernels {
     use super::*;
-    mma_kernels!(f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
-    mma_kernels!(f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
-    mma_kernels!(f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
-    mma_kernels!(bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
-    mma_kernels!(bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
-    mma_kernels!(bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
-    mma_kernels!(tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
-    mma_kernels!(tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    mma_kernels!(matmul_mma_128x256, f16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
+    mma_kernels!(matmul_mma_128x128, f16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    mma_kernels!(matmul_mma_64x64, f16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    mma_kernels!(matmul_mma_64x64s, f16, F16, 64, 64, 64, 2, 2, 2, 2, 4);
+    mma_kernels!(matmul_mma_128x256, bf16, Bf16, 128, 256, 64, 2, 4, 3, 4, 8);
+    mma_kernels!(matmul_mma_128x128, bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    mma_kernels!(matmul_mma_64x64, bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+    mma_kernels!(matmul_mma_64x64s, bf16, Bf16, 64, 64, 64, 2, 2, 2, 2, 4);
+    mma_kernels!(matmul_mma_128x128, tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+    mma_kernels!(matmul_mma_64x64, tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    mma_kernels!(matmul_mma_64x64s, tf32, Tf32, 64, 64, 32, 2, 2, 2, 2, 4);
     fma_kernel!(128, 256);
     fma_kernel!(128, 128);
     fma_kernel!(64, 64);

@@ -46,9 +46,10 @@ pub use lrn::{
     LRN_WALK_BWD_SLOT_BYTES, LRN_WALK_FWD_SLOT_BYTES,
 };
 pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_stages, mma_threads, tile_coords, wgmma_shared_bytes,
-    wgmma_stages, BiasMode, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout,
-    OutputType, FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, WGMMA_BM, WGMMA_THREADS,
+    fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads,
+    tile_coords, wgmma_shared_bytes, wgmma_stages, BiasMode, EpilogueOps, EpilogueParams,
+    MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_BK, FMA_THREADS,
+    MATMUL_RASTER_GROUP, MMA_BK_BYTES, MMA_SHORT_K_STAGES, WGMMA_BM, WGMMA_THREADS,
 };
 pub use philox::philox4x32_10;
 pub use pooling::{

@@ -144,7 +144,18 @@ pub const fn mma_stages(bm: u32, bn: u32) -> u32 {
 
 /// Dynamic shared memory of a tensor-core `bm x bn` tile: all stages of both operands.
 pub const fn mma_shared_bytes(bm: u32, bn: u32) -> u32 {
-    (bm + bn) * MMA_BK_BYTES * mma_stages(bm, bn)
+    mma_shared_bytes_staged(bm, bn, mma_stages(bm, bn))
+}
+
+/// Pipeline depth of the short-K tensor-core tiles (`matmul_mma_<BM>x<BN>s_*`), made for
+/// K of at most one stage: with a single K tile a block cannot overlap its own loads with
+/// its math, so the depth only costs shared memory; 2 stages (the least the ring takes)
+/// let 2-3x more blocks share an SM and overlap one another instead.
+pub const MMA_SHORT_K_STAGES: u32 = 2;
+
+/// Dynamic shared memory of a tensor-core `bm x bn` tile of `stages` stages.
+pub const fn mma_shared_bytes_staged(bm: u32, bn: u32, stages: u32) -> u32 {
+    (bm + bn) * MMA_BK_BYTES * stages
 }
 
 /// Rows of every `wgmma` (sm_90a) block tile: two warpgroups of `wgmma.m64nNk16`, each

@@ -43,9 +43,9 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_threads, wgmma_shared_bytes, EpilogueOps,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, FMA_THREADS,
-    WGMMA_THREADS,
+    fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_threads, wgmma_shared_bytes,
+    EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    FMA_THREADS, MMA_BK_BYTES, MMA_SHORT_K_STAGES, WGMMA_THREADS,
 };
 
 /// The arithmetic of a matmul or convolution (cuDNN's math type), always the caller's
@@ -93,16 +93,22 @@ pub enum MatmulAlgo {
     Tile128x128,
     /// 64 x 64, for small or skinny problems (tensor cores: 4 warps; FMA: 4 x 4 per thread).
     Tile64x64,
+    /// [`Self::Tile64x64`]'s tensor-core kernels with 2 shared stages instead of 4 and at
+    /// most 128 registers, for K of at most one stage (64 16-bit or 32 tf32 elements; any
+    /// K runs): 4 blocks per SM instead of 3 overlap one another's loads and stores. No
+    /// FMA kernel.
+    Tile64x64ShortK,
 }
 
 impl MatmulAlgo {
     /// Every algorithm: the Hopper ones, then the others, each group largest tile first.
-    pub const ALL: [MatmulAlgo; 5] = [
+    pub const ALL: [MatmulAlgo; 6] = [
         Self::Wgmma128x256,
         Self::Wgmma128x128,
         Self::Tile128x256,
         Self::Tile128x128,
         Self::Tile64x64,
+        Self::Tile64x64ShortK,
     ];
 
     /// The output tile, rows x columns.
@@ -110,8 +116,13 @@ impl MatmulAlgo {
         match self {
             Self::Wgmma128x256 | Self::Tile128x256 => (128, 256),
             Self::Wgmma128x128 | Self::Tile128x128 => (128, 128),
-            Self::Tile64x64 => (64, 64),
+            Self::Tile64x64 | Self::Tile64x64ShortK => (64, 64),
         }
+    }
+
+    /// Whether this is a short-K variant (2 shared stages, tensor cores only).
+    pub fn short_k(self) -> bool {
+        self == Self::Tile64x64ShortK
     }
 
     /// Whether this algorithm has kernels for `math` (whether it runs a given problem on a
@@ -120,6 +131,7 @@ impl MatmulAlgo {
         match self {
             Self::Wgmma128x256 | Self::Wgmma128x128 => math == MatmulMath::TensorOp,
             Self::Tile128x256 => math != MatmulMath::Tf32,
+            Self::Tile64x64ShortK => math != MatmulMath::Fma,
             _ => true,
         }
     }
@@ -609,6 +621,12 @@ impl Problem {
     ///
     /// On sm_90a the `wgmma` tiles come first, by the same rule, when K >= 256 (below, the
     /// epilogue dominates and the small sm_80 tiles spread it wider).
+    ///
+    /// On tensor cores, K of at most two shared stages takes [`MatmulAlgo::Tile64x64ShortK`]
+    /// (and longer K never a short-K tile): a block then has little of its own to
+    /// overlap, so more blocks per SM (4 of 64 x 64 at 2 stages and 128 registers, against
+    /// 3 at 4 stages and 168) pay more than pipeline depth (H100, 4096x4096 f16: K = 16
+    /// 51 -> 36 us, K = 128 59 -> 44 us).
     fn heuristic(&self, sm_count: u32, sm90a: bool) -> MatmulAlgo {
         let sms = sm_count as usize;
         let wanted = if self.k < 256 {
@@ -616,10 +634,16 @@ impl Problem {
         } else {
             (3 * sms).div_ceil(4)
         };
+        let short = self.math != MatmulMath::Fma
+            && self.k * self.input.size_bytes() <= 2 * MMA_BK_BYTES as usize;
+        if short {
+            return MatmulAlgo::Tile64x64ShortK;
+        }
         MatmulAlgo::ALL
             .into_iter()
             .filter(|&a| self.check_algorithm(a, sm90a).is_ok())
             .filter(|a| !a.needs_sm90a() || self.k >= 256)
+            .filter(|a| !a.short_k())
             .find(|&a| self.tiles(a) >= wanted)
             .unwrap_or(MatmulAlgo::Tile64x64)
     }
@@ -709,7 +733,8 @@ impl Problem {
                     (Some(la), Some(lb)) => format!("{la}{lb}"),
                     _ => "gg".to_string(),
                 };
-                format!("matmul_mma_{bm}x{bn}_{modes}_{dtype}")
+                let depth = if algo.short_k() { "s" } else { "" };
+                format!("matmul_mma_{bm}x{bn}{depth}_{modes}_{dtype}")
             }
         };
         kernels::lookup(&name).ok_or_else(|| {
@@ -802,6 +827,9 @@ impl Problem {
         match self.math {
             _ if algo.needs_sm90a() => wgmma_shared_bytes(bn as u32),
             MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
+            _ if algo.short_k() => {
+                mma_shared_bytes_staged(bm as u32, bn as u32, MMA_SHORT_K_STAGES)
+            }
             _ => mma_shared_bytes(bm as u32, bn as u32),
         }
     }
