@@ -43,9 +43,6 @@ fn vector(call: &Call, y_ptr: u64) -> Option<u32> {
     ok.then_some(vec)
 }
 
-/// Fewest channels for which the `vec` kernel stages its filter in shared memory.
-const DW_STAGED_MIN_CHANNELS: u32 = 256;
-
 pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     let g = &call.p.geo;
     let y_ptr = call.y_ptr(y)?;
@@ -82,14 +79,10 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
             )?,
         ),
     };
-    // The `vec` kernel stages a packed filter of up to DW_STAGED_FILTER_BYTES as f32 when
-    // there are many channels: MobileNet f16 NHWC layers of 256-1024 channels ran 1.2-1.5x
-    // faster staged, those of 32-144 channels 1.1-1.3x slower (H100).
+    // The `vec` kernel stages a packed filter of up to DW_STAGED_FILTER_BYTES as f32.
     let filter_bytes = g.k as usize * g.taps() as usize * 4;
-    let staged = kind == "vec"
-        && g.k >= DW_STAGED_MIN_CHANNELS
-        && g.w[0] == g.taps()
-        && filter_bytes <= DW_STAGED_FILTER_BYTES as usize;
+    let staged =
+        kind == "vec" && g.w[0] == g.taps() && filter_bytes <= DW_STAGED_FILTER_BYTES as usize;
     let params = ConvDepthwiseParams {
         geo: *g,
         ops: call.ops(),
