@@ -258,12 +258,6 @@ pub struct ConvDepthwiseParams {
     pub geo: ConvGeometry,
     pub ops: EpilogueOps,
     pub items: PoolItems,
-    /// `vec` kernel: 1 when each block first copies the whole filter into shared memory as
-    /// f32 `[tap][channel]` (`k * taps * 4` bytes of dynamic shared memory), so that a
-    /// thread reads a tap's channel vector with vector loads instead of `VEC` scalar loads
-    /// `taps` apart.
-    pub staged_filter: u32,
-    pub _pad: u32,
 }
 
 /// Consecutive output columns one `rows` depthwise thread computes.
@@ -272,6 +266,3 @@ pub const DW_COLS: u32 = 4;
 pub const DW_PIXELS: u32 = 2;
 /// Threads per block of the depthwise kernels.
 pub const DW_THREADS: u32 = 256;
-/// Most shared memory the `vec` depthwise kernel stages its filter in (larger filters are
-/// read from global memory).
-pub const DW_STAGED_FILTER_BYTES: u32 = 64 * 1024;

@@ -13,10 +13,7 @@
 //!   of channels of [`DW_PIXELS`] consecutive output pixels of a row, every x and y access
 //!   a 16-byte vector, consecutive threads on consecutive channel vectors.
 
-use crate::device::{
-    block_idx_x, dynamic_smem, fma, grid_dim_x, ld_shared_v4, st_shared_f32, sync_threads,
-    thread_idx_x,
-};
+use crate::device::{block_idx_x, fma, grid_dim_x, thread_idx_x};
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
 use crate::unrolled;
@@ -187,16 +184,7 @@ unsafe fn rows<T: Element>(
     }
 }
 
-/// `L` (4 or 8) consecutive f32s from 16-byte aligned shared memory.
-#[inline(always)]
-unsafe fn ld_shared_f32s<const L: usize>(addr: u32) -> [f32; L] {
-    let lo = ld_shared_v4(addr);
-    let hi = if L > 4 { ld_shared_v4(addr + 16) } else { lo };
-    core::array::from_fn(|i| f32::from_bits(if i < 4 { lo[i] } else { hi[i - 4] }))
-}
-
-/// The channels-last kernel: `VEC` channels (16 bytes) of [`PIXELS`] pixels per thread,
-/// the filter staged in shared memory when `p.staged_filter` says so.
+/// The channels-last kernel: `VEC` channels (16 bytes) of [`PIXELS`] pixels per thread.
 #[inline(always)]
 unsafe fn vec<T: Element, const VEC: usize>(
     p: &ConvDepthwiseParams,
@@ -207,20 +195,6 @@ unsafe fn vec<T: Element, const VEC: usize>(
     z: *const T,
 ) {
     let g = &p.geo;
-    let staged = p.staged_filter != 0;
-    let filter = dynamic_smem();
-    if staged {
-        // The filter (packed, one channel per group: tap `t` of channel `c` at
-        // `c * taps + t`) to shared f32 `[tap][channel]`, read in its memory order.
-        let (taps, count) = (g.taps(), g.k * g.taps());
-        let mut e = thread_idx_x();
-        while e < count {
-            let (c, t) = (e / taps, e % taps);
-            st_shared_f32(filter + (t * g.k + c) * 4, T::load(w.add(e as usize)));
-            e += DW_THREADS;
-        }
-        sync_threads();
-    }
     let mut item = block_idx_x() * DW_THREADS + thread_idx_x();
     let step = grid_dim_x() * DW_THREADS;
     while item < p.items.len {
@@ -237,13 +211,8 @@ unsafe fn vec<T: Element, const VEC: usize>(
         for_each_row(g, o0, o1, |xo, wo| {
             let (xr, wr) = (xb.add(xo as usize), wb.add(wo as usize));
             for f2 in 0..g.filter[2] {
-                let tap = wo + g.filter_at(2, f2) * g.w[4];
-                let wv: [f32; VEC] = if staged {
-                    ld_shared_f32s::<VEC>(filter + (tap * g.k + k) * 4)
-                } else {
-                    let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
-                    core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)))
-                };
+                let wt = wr.add((g.filter_at(2, f2) * g.w[4]) as usize);
+                let wv: [f32; VEC] = core::array::from_fn(|e| T::load(wt.add(e * g.w[0] as usize)));
                 unrolled!(j in PIXELS => {
                     if let Some(i2) = g.input_at(2, c0 + j as u32, f2) {
                         let xv = T::unpack::<VEC>(T::load_raw::<VEC>(xr.add((i2 * g.x[4]) as usize), true));

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::ops::grid_stride_config;
 use crate::ops::pooling::items;
-use oxidnn_params::{ConvDepthwiseParams, DW_COLS, DW_PIXELS, DW_STAGED_FILTER_BYTES, DW_THREADS};
+use oxidnn_params::{ConvDepthwiseParams, DW_COLS, DW_PIXELS, DW_THREADS};
 
 /// Why this is not a depthwise problem, or `None` if it is.
 pub(super) fn declines(p: &Problem) -> Option<String> {
@@ -79,34 +79,21 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
             )?,
         ),
     };
-    // The `vec` kernel stages a packed filter of up to DW_STAGED_FILTER_BYTES as f32.
-    let filter_bytes = g.k as usize * g.taps() as usize * 4;
-    let staged =
-        kind == "vec" && g.w[0] == g.taps() && filter_bytes <= DW_STAGED_FILTER_BYTES as usize;
     let params = ConvDepthwiseParams {
         geo: *g,
         ops: call.ops(),
         items,
-        staged_filter: staged as u32,
-        _pad: 0,
     };
     let name = format!("conv_fwd_depthwise_{kind}_{}", call.p.dtype.name());
     let kernel = kernels::lookup(&name)
         .ok_or_else(|| Error::unsupported(format!("no depthwise convolution kernel `{name}`")))?;
     let mut cfg = grid_stride_config(params.items.len as u64, call.gpu.sm_count)?;
     cfg.block = DW_THREADS;
-    if staged {
-        // Each block copies the filter once: fewer, longer-lived blocks.
-        cfg.grid = cfg.grid.min(call.gpu.sm_count * 8);
-        cfg.shared_bytes = filter_bytes as u32;
-    }
     let pointers = [call.ptrs.x, call.ptrs.w, y_ptr, call.ptrs.bias, call.ptrs.z];
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry describes; every span is below 2^31 elements (checked by the algorithm);
     // the kernels read x only at in-bounds input coordinates and store only y's elements;
     // bias and z are read only when the epilogue has them. The `vec` kernel runs only
-    // under `vector`'s layout and alignment conditions; it stages the filter only when it
-    // is packed (`k * taps` elements from w) into the `filter_bytes` of shared memory the
-    // launch gives it.
+    // under `vector`'s layout and alignment conditions.
     unsafe { call.gpu.launch(kernel, cfg, &params, &pointers) }
 }
