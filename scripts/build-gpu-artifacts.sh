@@ -32,7 +32,9 @@ if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
 fi
 benches=$(cd "$out" && ls | grep -E 'vs_' || true)
 strip "$out"/tests/* "$out"/oxidnn-demo $(for b in $benches; do echo "$out/$b"; done) 2>/dev/null || true
-# The embedded PTX makes each binary ~10 MB; compressed, all of them travel in a few MB.
+# The embedded PTX makes each binary ~40 MB; xz -6 shrinks the PTX ~100x, so all of them
+# travel in a few tens of MB (the device tool carries at most 64 MiB; -2 would not fit).
+export XZ_OPT="${XZ_OPT:--T2 -6}"
 # PyTorch's norm timings, which run-all.sh runs before the benches (norm_vs_cudnn reads them).
 cp benches/torch_norms.py "$out/"
 (cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches torch_norms.py && rm -rf tests oxidnn-demo $benches torch_norms.py)
