@@ -14,5 +14,5 @@
 pub mod depthwise;
 pub mod direct;
 pub mod implicit_gemm;
-pub mod winograd;
 pub mod implicit_gemm_fma;
+pub mod winograd;

@@ -413,9 +413,8 @@ unsafe fn drain<EP: Epilogue>(
         if EP::WIDE {
             // In the staged tile: `cols` rounded up to RUN stays within its columns.
             let (lo, hi) = (ld_shared_v4(at), ld_shared_v4(at + 16));
-            let v = core::array::from_fn(|i| {
-                f32::from_bits(if i < 4 { lo[i % 4] } else { hi[i % 4] })
-            });
+            let v =
+                core::array::from_fn(|i| f32::from_bits(if i < 4 { lo[i % 4] } else { hi[i % 4] }));
             ep.store_run(r0 + r, c0 + width * u, v);
         } else {
             let v = ld_shared_v2(at);

@@ -319,8 +319,11 @@ impl<const ROWS: u32, const PER: usize> Gather<PER> for StridedGather<ROWS, PER>
 }
 
 /// The matmul epilogue of one block's batch: bounds, blending, bias, residual, activation,
-/// conversion to the output type.
-pub struct MatmulEpilogue {
+/// conversion to the output type. `WIDE`: the drain hands it runs of 8 columns (16-byte
+/// stores): the 16-bit-input and exact-f32 kernels (f16 4096x4096x16: 51 -> 36 us with
+/// the short-K tile; f32 RNN shapes 1.2x faster than with pairs); the tf32 kernels take
+/// pairs (with runs they ran 2-24% slower, H100).
+pub struct MatmulEpilogue<const WIDE: bool> {
     p: EpilogueParams,
     m: u32,
     n: u32,
@@ -329,7 +332,7 @@ pub struct MatmulEpilogue {
     z: *const u8,
 }
 
-impl MatmulEpilogue {
+impl<const WIDE: bool> MatmulEpilogue<WIDE> {
     #[inline(always)]
     unsafe fn finish<O: Element>(&self, r: u32, c: u32, v: [f32; 2]) {
         let p = &self.p;
@@ -392,7 +395,7 @@ impl MatmulEpilogue {
     }
 }
 
-impl MatmulEpilogue {
+impl<const WIDE: bool> MatmulEpilogue<WIDE> {
     /// [`Epilogue::store_run`] for `O` outputs: one or two 16-byte stores when the run lies
     /// inside the output, along a unit-stride row, 16-byte aligned; else pair by pair.
     #[inline(always)]
@@ -462,8 +465,8 @@ impl MatmulEpilogue {
     }
 }
 
-impl Epilogue for MatmulEpilogue {
-    const WIDE: bool = true;
+impl<const W: bool> Epilogue for MatmulEpilogue<W> {
+    const WIDE: bool = W;
 
     #[inline(always)]
     unsafe fn store_run(&self, r: u32, c: u32, v: [f32; RUN as usize]) {
@@ -498,11 +501,11 @@ impl Epilogue for MatmulEpilogue {
 /// Runs `tile(la, lb, epilogue, row0, col0)` for this block's output tile in each of its
 /// batches.
 #[inline(always)]
-unsafe fn for_each_batch(
+unsafe fn for_each_batch<const WIDE: bool>(
     p: &MatmulParams,
     (bm, bn, in_bytes): (u32, u32, u32),
     (a, b, d, bias, z): (*const u8, *const u8, *mut u8, *const u8, *const u8),
-    mut tile: impl FnMut(Operand, Operand, &MatmulEpilogue, u32, u32),
+    mut tile: impl FnMut(Operand, Operand, &MatmulEpilogue<WIDE>, u32, u32),
 ) {
     let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
     let (row0, col0) = (tm * bm, tn * bn);
@@ -515,7 +518,7 @@ unsafe fn for_each_batch(
     while batch < p.batch {
         let la = Operand::at(a, &p.a, batch, row0, p.m, p.k, in_bytes);
         let lb = Operand::at(b, &p.b, batch, col0, p.n, p.k, in_bytes);
-        let epilogue = MatmulEpilogue {
+        let epilogue = MatmulEpilogue::<WIDE> {
             p: *ep,
             m: p.m,
             n: p.n,
@@ -558,7 +561,7 @@ impl<
 }
 
 #[inline(always)]
-unsafe fn matmul_mma<E, S, const MI: usize, const NI: usize, LA, LB>(
+unsafe fn matmul_mma<E, S, const MI: usize, const NI: usize, LA, LB, const WIDE: bool>(
     p: &MatmulParams,
     ptrs: (*const u8, *const u8, *mut u8, *const u8, *const u8),
 ) where
@@ -574,7 +577,7 @@ unsafe fn matmul_mma<E, S, const MI: usize, const NI: usize, LA, LB>(
         ptrs,
         #[inline(always)]
         |a, b, ep, row0, col0| {
-            mma_tile::<E, S, MI, NI, LA, LB, MatmulEpilogue>(
+            mma_tile::<E, S, MI, NI, LA, LB, MatmulEpilogue<WIDE>>(
                 &LA::new(a),
                 &LB::new(b),
                 p.k,
@@ -621,6 +624,7 @@ macro_rules! mma_kernels {
                 matmul_mma::<
                     $E, MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>, $mi, $ni,
                     GatherTile<$E, $bm, $bk, T>, GatherTile<$E, $bn, $bk, T>,
+                    { <$E as MmaElement>::BYTES == 2 },
                 >(&p, (a, b, d, bias, z))
             }
         }
@@ -639,6 +643,7 @@ macro_rules! mma_kernels {
                     $E, MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>, $mi, $ni,
                     StridedTile<$E, $ka, $bm, $bk, T, { slots($bm, $bk, <$E as MmaElement>::PER_CHUNK, T) }>,
                     StridedTile<$E, $kb, $bn, $bk, T, { slots($bn, $bk, <$E as MmaElement>::PER_CHUNK, T) }>,
+                    { <$E as MmaElement>::BYTES == 2 },
                 >(&p, (a, b, d, bias, z))
             }
         }
@@ -660,8 +665,8 @@ macro_rules! fma_kernel {
                 const HM: usize = $bm / 32;
                 const HN: usize = $bn / 32;
                 let smem = dynamic_smem();
-                for_each_batch(&p, ($bm, $bn, 4), (a, b, d, bias, z), #[inline(always)] |a, b, ep, row0, col0| {
-                    fma_tile::<$bm, $bn, HM, HN, PA, PB, _, _, MatmulEpilogue>(
+                for_each_batch::<true>(&p, ($bm, $bn, 4), (a, b, d, bias, z), #[inline(always)] |a, b, ep, row0, col0| {
+                    fma_tile::<$bm, $bn, HM, HN, PA, PB, _, _, MatmulEpilogue<true>>(
                         &StridedGather::<$bm, PA>::new(a),
                         &StridedGather::<$bn, PB>::new(b),
                         p.k,
@@ -719,7 +724,7 @@ unsafe fn matmul_wgmma<E, const BN: u32, const STAGES: u32, const NI: usize, LA,
         ptrs,
         #[inline(always)]
         |a, b, ep, row0, col0| {
-            wgmma_tile::<E, BN, STAGES, NI, LA, LB, MatmulEpilogue>(
+            wgmma_tile::<E, BN, STAGES, NI, LA, LB, MatmulEpilogue<true>>(
                 &LA::new(a),
                 &LB::new(b),
                 p.k,

@@ -671,7 +671,9 @@ macro_rules! igemm_mma_kernel {
         // The tile is what the host launches for it (threads, stages, shared bytes), and
         // every thread's chunks share one column of the tile.
         const _: () = assert!(
-            $bm == $wm * $mi * 16 && $bn == $wn * $ni * 8 && $ni % 2 == 0
+            $bm == $wm * $mi * 16
+                && $bn == $wn * $ni * 8
+                && $ni % 2 == 0
                 && 32 * $wm * $wn == mma_threads($bm, $bn)
                 && $st == mma_stages($bm, $bn)
                 && $bk * <$E as MmaElement>::BYTES == MMA_BK_BYTES
