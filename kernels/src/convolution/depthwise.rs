@@ -13,11 +13,11 @@
 //!   of channels of [`DW_PIXELS`] consecutive output pixels of a row, every x and y access
 //!   a 16-byte vector, consecutive threads on consecutive channel vectors.
 
-use crate::device::{block_idx_x, fma, grid_dim_x, thread_idx_x};
+use crate::device::{fma, grid_stride};
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
 use crate::unrolled;
-use oxidnn_params::{ConvDepthwiseParams, ConvGeometry, PoolCoord, DW_COLS, DW_PIXELS, DW_THREADS};
+use oxidnn_params::{ConvDepthwiseParams, ConvGeometry, PoolCoord, DW_COLS, DW_PIXELS};
 
 const COLS: usize = DW_COLS as usize;
 const PIXELS: usize = DW_PIXELS as usize;
@@ -98,9 +98,8 @@ unsafe fn rows_with<T: Element, const SW: usize, const ST: usize>(
     z: *const T,
 ) {
     let g = &p.geo;
-    let mut item = block_idx_x() * DW_THREADS + thread_idx_x();
-    let step = grid_dim_x() * DW_THREADS;
-    while item < p.items.len {
+    grid_stride(p.items.len as u64, |item| {
+        let item = item as u32;
         let PoolCoord {
             n,
             c: k,
@@ -161,8 +160,7 @@ unsafe fn rows_with<T: Element, const SW: usize, const ST: usize>(
                 }
             });
         }
-        item += step;
-    }
+    });
 }
 
 #[inline(always)]
@@ -195,9 +193,8 @@ unsafe fn vec<T: Element, const VEC: usize>(
     z: *const T,
 ) {
     let g = &p.geo;
-    let mut item = block_idx_x() * DW_THREADS + thread_idx_x();
-    let step = grid_dim_x() * DW_THREADS;
-    while item < p.items.len {
+    grid_stride(p.items.len as u64, |item| {
+        let item = item as u32;
         let PoolCoord {
             n,
             c: cv,
@@ -238,8 +235,7 @@ unsafe fn vec<T: Element, const VEC: usize>(
                 T::store_vec::<VEC>(yp, r);
             }
         });
-        item += step;
-    }
+    });
 }
 
 macro_rules! depthwise_entry_points {

@@ -2,10 +2,10 @@
 //! input channels and every filter tap in f32. Any strides, layouts, groups, dilations and
 //! modes; the reference-like fallback every other algorithm is checked against.
 
-use crate::device::{block_idx_x, grid_dim_x, thread_idx_x};
+use crate::device::grid_stride;
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
-use oxidnn_params::{ConvFwdParams, PoolCoord, CONV_DIRECT_THREADS};
+use oxidnn_params::{ConvFwdParams, PoolCoord};
 
 #[inline(always)]
 unsafe fn direct<T: Element>(
@@ -17,9 +17,8 @@ unsafe fn direct<T: Element>(
     z: *const T,
 ) {
     let g = &p.geo;
-    let mut item = block_idx_x() * CONV_DIRECT_THREADS + thread_idx_x();
-    let step = grid_dim_x() * CONV_DIRECT_THREADS;
-    while item < p.items.len {
+    grid_stride(p.items.len as u64, |item| {
+        let item = item as u32;
         let PoolCoord { n, c: k, s: o } = p.items.at(item);
         let group = k / g.k_per_group;
         let xb = x.add((n * g.x[0] + group * g.c_per_group * g.x[1]) as usize);
@@ -49,7 +48,7 @@ unsafe fn direct<T: Element>(
                 }
             }
         }
-        let at = |s: &[u32; 5]| (n * s[0] + k * s[1] + o[0] * s[2] + o[1] * s[3] + o[2] * s[4]);
+        let at = |s: &[u32; 5]| n * s[0] + k * s[1] + o[0] * s[2] + o[1] * s[3] + o[2] * s[4];
         let yp = y.add(at(&g.y) as usize);
         let v = epilogue::apply(
             &p.ops,
@@ -60,8 +59,7 @@ unsafe fn direct<T: Element>(
             || [T::load(z.add(at(&g.z) as usize))],
         );
         T::store(yp, v[0]);
-        item += step;
-    }
+    });
 }
 
 macro_rules! direct_entry_points {

@@ -155,6 +155,12 @@ fn slot_row(i: u32, row_chunks: u32, threads: u32) -> (u32, u32) {
 
 /// The im2col A operand: a `ROWS x BK` K-major tile of output pixels by (tap, channels),
 /// `SLOTS` chunks per thread, in layout `L`.
+/// How a convolution loader fills its chunks: whole 16-byte `cp.async` copies (operands
+/// channel-contiguous, aligned, channels in whole chunks; K tiles of one tap each).
+pub struct Copied;
+/// ... or element by element over the flattened K (any layout and channel count).
+pub struct Gathered;
+
 pub struct Im2colTile<
     'a,
     E,
@@ -163,12 +169,13 @@ pub struct Im2colTile<
     const THREADS: u32,
     const SLOTS: usize,
     L,
+    M = Copied,
 > {
     p: &'a ConvGemmParams,
     /// x at the group's first channel.
     x: *const u8,
     windows: [PixelWindow; SLOTS],
-    _e: PhantomData<(E, L)>,
+    _e: PhantomData<(E, L, M)>,
 }
 
 impl<
@@ -179,7 +186,10 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > ConvTileLoader<'a> for Im2colTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
+        M,
+    > ConvTileLoader<'a> for Im2colTile<'a, E, ROWS, BK, THREADS, SLOTS, L, M>
+where
+    Self: TileLoader,
 {
     #[inline(always)]
     unsafe fn new(p: &'a ConvGemmParams, x: *const u8, group: u32, first: u32) -> Self {
@@ -191,9 +201,10 @@ impl<
             let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
             windows[i] = PixelWindow::new(g, &p.pixels, p.m, first + r);
         });
+        let c0 = group as u64 * g.c_per_group as u64 * g.x[1] as u64;
         Self {
             p,
-            x: x.add((group * g.c_per_group * E::BYTES) as usize),
+            x: x.add((c0 * E::BYTES as u64) as usize),
             windows,
             _e: PhantomData,
         }
@@ -207,7 +218,7 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > TileLoader for Im2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+    > TileLoader for Im2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Copied>
 {
     const K_MAJOR: bool = true;
 
@@ -244,13 +255,14 @@ pub struct FilterTile<
     const THREADS: u32,
     const SLOTS: usize,
     L,
+    M = Copied,
 > {
     p: &'a ConvGemmParams,
     /// The filter at the tile's first output channel.
     w: *const u8,
     /// Each slot's row offset (elements), or `OUTSIDE` past the group's channels.
     rows: [u32; SLOTS],
-    _e: PhantomData<(E, L)>,
+    _e: PhantomData<(E, L, M)>,
 }
 
 impl<
@@ -261,7 +273,10 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > ConvTileLoader<'a> for FilterTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
+        M,
+    > ConvTileLoader<'a> for FilterTile<'a, E, ROWS, BK, THREADS, SLOTS, L, M>
+where
+    Self: TileLoader,
 {
     #[inline(always)]
     unsafe fn new(p: &'a ConvGemmParams, w: *const u8, group: u32, first: u32) -> Self {
@@ -290,7 +305,7 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > TileLoader for FilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+    > TileLoader for FilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Copied>
 {
     const K_MAJOR: bool = true;
 
@@ -379,7 +394,7 @@ fn flat_element<E: MmaElement, const BK: u32>(
 
 /// The im2col A operand over the flattened K, gathered element by element: a `ROWS x BK`
 /// K-major tile, `SLOTS` chunks per thread, in layout `L`. Any x layout and channel count.
-pub struct GatherIm2colTile<
+pub type GatherIm2colTile<
     'a,
     E,
     const ROWS: u32,
@@ -387,41 +402,7 @@ pub struct GatherIm2colTile<
     const THREADS: u32,
     const SLOTS: usize,
     L,
-> {
-    p: &'a ConvGemmParams,
-    /// x at the group's first channel.
-    x: *const u8,
-    windows: [PixelWindow; SLOTS],
-    _e: PhantomData<(E, L)>,
-}
-
-impl<
-        'a,
-        E: MmaElement,
-        const ROWS: u32,
-        const BK: u32,
-        const THREADS: u32,
-        const SLOTS: usize,
-        L: SmemLayout,
-    > ConvTileLoader<'a> for GatherIm2colTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
-{
-    #[inline(always)]
-    unsafe fn new(p: &'a ConvGemmParams, x: *const u8, group: u32, first: u32) -> Self {
-        let g = &p.geo;
-        let mut windows = [PixelWindow::OUTSIDE; SLOTS];
-        unrolled!(i in SLOTS => {
-            let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
-            windows[i] = PixelWindow::new(g, &p.pixels, p.m, first + r);
-        });
-        let c0 = group as u64 * g.c_per_group as u64 * g.x[1] as u64;
-        Self {
-            p,
-            x: x.add((c0 * E::BYTES as u64) as usize),
-            windows,
-            _e: PhantomData,
-        }
-    }
-}
+> = Im2colTile<'a, E, ROWS, BK, THREADS, SLOTS, L, Gathered>;
 
 impl<
         E: MmaElement,
@@ -430,7 +411,7 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > TileLoader for GatherIm2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+    > TileLoader for Im2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Gathered>
 {
     const K_MAJOR: bool = true;
 
@@ -469,7 +450,7 @@ impl<
 /// The filter as the B operand over the flattened K, gathered element by element: a
 /// `ROWS x BK` K-major tile of the group's output channels, `SLOTS` chunks per thread, in
 /// layout `L`. Any filter layout.
-pub struct GatherFilterTile<
+pub type GatherFilterTile<
     'a,
     E,
     const ROWS: u32,
@@ -477,44 +458,7 @@ pub struct GatherFilterTile<
     const THREADS: u32,
     const SLOTS: usize,
     L,
-> {
-    p: &'a ConvGemmParams,
-    /// The filter at the tile's first output channel.
-    w: *const u8,
-    /// Each slot's row offset (elements), or `OUTSIDE` past the group's channels.
-    rows: [u32; SLOTS],
-    _e: PhantomData<(E, L)>,
-}
-
-impl<
-        'a,
-        E: MmaElement,
-        const ROWS: u32,
-        const BK: u32,
-        const THREADS: u32,
-        const SLOTS: usize,
-        L: SmemLayout,
-    > ConvTileLoader<'a> for GatherFilterTile<'a, E, ROWS, BK, THREADS, SLOTS, L>
-{
-    #[inline(always)]
-    unsafe fn new(p: &'a ConvGemmParams, w: *const u8, group: u32, first: u32) -> Self {
-        let g = &p.geo;
-        let mut rows = [OUTSIDE; SLOTS];
-        unrolled!(i in SLOTS => {
-            let (r, _) = slot_row(i as u32, BK / E::PER_CHUNK, THREADS);
-            if first + r < g.k_per_group {
-                rows[i] = r * g.w[0];
-            }
-        });
-        let k0 = group * g.k_per_group + first;
-        Self {
-            p,
-            w: w.add((k0 as u64 * g.w[0] as u64 * E::BYTES as u64) as usize),
-            rows,
-            _e: PhantomData,
-        }
-    }
-}
+> = FilterTile<'a, E, ROWS, BK, THREADS, SLOTS, L, Gathered>;
 
 impl<
         E: MmaElement,
@@ -523,7 +467,7 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > TileLoader for GatherFilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L>
+    > TileLoader for FilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Gathered>
 {
     const K_MAJOR: bool = true;
 

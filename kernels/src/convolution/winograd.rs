@@ -17,7 +17,7 @@
 //! Layouts and items: [`ConvWinogradParams`]. The transforms compute in f32; V and U are
 //! stored in the data's type (the matmul core's input type), which rounds them.
 
-use crate::device::{block_dim_x, block_idx_x, grid_dim_x, thread_idx_x};
+use crate::device::grid_stride;
 use crate::element::Element;
 use crate::epilogue;
 use crate::unrolled;
@@ -27,13 +27,10 @@ use oxidnn_params::ConvWinogradParams;
 /// keeps `items` below 2^31, so the index never wraps).
 #[inline(always)]
 fn for_items(p: &ConvWinogradParams, mut f: impl FnMut(u32, u32)) {
-    let step = grid_dim_x() * block_dim_x();
-    let mut i = block_idx_x() * block_dim_x() + thread_idx_x();
-    while i < p.items {
-        let (outer, inner) = p.inner.div_rem(i);
+    grid_stride(p.items as u64, |i| {
+        let (outer, inner) = p.inner.div_rem(i as u32);
         f(outer, inner);
-        i += step;
-    }
+    });
 }
 
 /// `(tile, channel)` of an input/output transform item.
