@@ -53,7 +53,7 @@ fn main() {
     let mut names = Vec::new();
     let mut modules = Vec::new();
     for (build, arch) in [(main, arch.as_str()), (hopper, HOPPER_ARCH)] {
-        let ptx = occupancy_hints(&declare_dynamic_smem(&build.finish()));
+        let ptx = tensor_map_alignment(&occupancy_hints(&declare_dynamic_smem(&build.finish())));
         let embedded = out.join(format!("oxidnn_kernels_{arch}.ptx"));
         fs::write(&embedded, &ptx)
             .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
@@ -242,8 +242,11 @@ fn declare_dynamic_smem(ptx: &str) -> String {
 /// The 64 x 64 short-K matmul tile's `cp.async` kernels: 4 blocks of 4 warps at 128
 /// registers (157 unbounded, 3 blocks; 16-bit: 0-4 B of spills, tf32: up to 116 B); its 2
 /// stages (32 KB) let 4 blocks share an SM's shared memory. (The gather kernels, `gg`,
-/// would spill over 1 KB.)
+/// would spill over 1 KB.) The TMA `wgmma` kernels: one block of three
+/// warpgroups (168 registers each at launch), which `setmaxnreg` then moves from the
+/// producer warpgroup to the consumers.
 const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
+    ("wgmma_matmul_tma_", 384, 1),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),
@@ -271,6 +274,42 @@ fn occupancy_hints(ptx: &str) -> String {
                 ));
             }
         }
+    }
+    out
+}
+
+/// Kernels with a by-value TMA tensor-map parameter: `(name prefix, parameter index)`.
+/// The tensor maps must lie 64-byte aligned in parameter space (CUDA declares such a
+/// parameter `.param .align 64`), but rustc's nvptx kernel ABI declares no parameter
+/// above 16; [`tensor_map_alignment`] raises it.
+const TENSOR_MAP_PARAMS: &[(&str, usize)] = &[("wgmma_matmul_tma_", 6)];
+
+/// Declares the parameters [`TENSOR_MAP_PARAMS`] names `.align 64`.
+fn tensor_map_alignment(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    let mut param: Option<String> = None;
+    for line in ptx.lines() {
+        if let Some(name) = line.trim().strip_prefix(".visible .entry ") {
+            let name = name.trim_end_matches('(');
+            param = TENSOR_MAP_PARAMS
+                .iter()
+                .find(|(prefix, _)| name.starts_with(prefix))
+                .map(|(_, index)| format!("{name}_param_{index}["));
+        }
+        match &param {
+            Some(p) if line.contains(p.as_str()) => {
+                let raised = line.replace(".param .align 16 ", ".param .align 64 ");
+                if raised == line {
+                    fail(&format!(
+                        "expected a 16-byte aligned tensor-map parameter, found {line:?}"
+                    ));
+                }
+                out.push_str(&raised);
+                param = None;
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
     }
     out
 }

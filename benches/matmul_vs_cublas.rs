@@ -282,8 +282,15 @@ fn shapes() -> Vec<Shape> {
 /// An algorithm's short name: its output tile, `wg` first for the Hopper `wgmma` ones.
 fn algo_name(a: MatmulAlgo) -> String {
     let (rows, cols) = a.tile();
-    let hopper = if a.needs_sm90a() { "wg" } else { "" };
-    format!("{hopper}{rows}x{cols}")
+    let kind = if a.tma() {
+        "tma-"
+    } else if a.needs_sm90a() {
+        "wg"
+    } else {
+        ""
+    };
+    let short = if a.short_k() { "s" } else { "" };
+    format!("{kind}{rows}x{cols}{short}")
 }
 
 // ---------------------------------------------------------------------------------------

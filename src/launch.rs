@@ -271,17 +271,57 @@ impl Gpu {
         for p in pointers {
             slots.push(p as *const u64 as *mut c_void);
         }
+        self.launch_slots(kernel, f, cfg, &mut slots)
+    }
+
+    /// Launches `kernel(params, pointers.., last)` on the handle's stream: [`Self::launch`]
+    /// with one more parameter passed by value after the pointers (such as TMA tensor
+    /// maps, which the kernel reads from parameter space).
+    ///
+    /// # Safety
+    /// `kernel`'s PTX signature is `(P, u64 * pointers.len(), T)`; as [`Self::launch`]
+    /// for the memory the parameters describe.
+    pub(crate) unsafe fn launch_with_last<P: Copy, T: Copy>(
+        &self,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        params: &P,
+        pointers: &[u64],
+        last: &T,
+    ) -> Result<()> {
+        let f = self.function(kernel, cfg.shared_bytes)?;
+        let mut slots: Vec<*mut c_void> = Vec::with_capacity(2 + pointers.len());
+        slots.push(params as *const P as *mut c_void);
+        for p in pointers {
+            slots.push(p as *const u64 as *mut c_void);
+        }
+        slots.push(last as *const T as *mut c_void);
+        self.launch_slots(kernel, f, cfg, &mut slots)
+    }
+
+    /// Launches `f` with the parameter slots `slots` (a pointer to each parameter's value).
+    fn launch_slots(
+        &self,
+        kernel: &'static str,
+        f: Function,
+        cfg: LaunchConfig,
+        slots: &mut [*mut c_void],
+    ) -> Result<()> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;
-        result::launch_kernel(
-            f.0,
-            (cfg.grid, cfg.grid_y, 1),
-            (cfg.block, 1, 1),
-            cfg.shared_bytes,
-            self.stream.cu_stream(),
-            &mut slots,
-        )
+        // SAFETY: `slots` holds a pointer to a live value for each of the kernel's
+        // parameters, in order and of their types (the callers' contracts).
+        unsafe {
+            result::launch_kernel(
+                f.0,
+                (cfg.grid, cfg.grid_y, 1),
+                (cfg.block, 1, 1),
+                cfg.shared_bytes,
+                self.stream.cu_stream(),
+                slots,
+            )
+        }
         .map_err(|e| Error::ExecutionFailed {
             kernel: kernel.to_string(),
             message: format!("{e:?}"),

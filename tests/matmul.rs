@@ -524,11 +524,23 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
         );
         let d = MatmulDescriptor::new(MatmulMath::TensorOp);
         let largest = if h.compute_capability() == Some((9, 0)) {
-            MatmulAlgo::Wgmma128x256
+            MatmulAlgo::WgmmaTma128x256
         } else {
             MatmulAlgo::Tile128x256
         };
         assert_eq!(get_matmul_algorithm(h, &d, &a, &b, &c).unwrap(), largest);
+        // On sm_90a a narrow N takes the narrowest TMA tile, whose columns it fills.
+        if h.compute_capability() == Some((9, 0)) {
+            let (a, b, c) = (
+                desc(DataType::F16, &[65536, 512]),
+                desc(DataType::F16, &[512, 64]),
+                desc(DataType::F16, &[65536, 64]),
+            );
+            assert_eq!(
+                get_matmul_algorithm(h, &d, &a, &b, &c).unwrap(),
+                MatmulAlgo::WgmmaTma128x64
+            );
+        }
         let (a, b, c) = (
             desc(DataType::F32, &[16, 8]),
             desc(DataType::F32, &[8, 16]),
@@ -846,7 +858,7 @@ fn unsupported_precision_combinations_say_so() {
             Err(Error::NotSupported { message }) => assert!(message.contains("Tile128x256")),
             other => panic!("128x256 tf32: got {other:?}"),
         }
-        for algo in [MatmulAlgo::Wgmma128x256, MatmulAlgo::Wgmma128x128] {
+        for algo in MatmulAlgo::ALL.into_iter().filter(|a| a.needs_sm90a()) {
             let call = Call {
                 algo: Some(algo),
                 ..Call::valid()
@@ -961,15 +973,17 @@ fn short_k_and_wide_epilogue_exact_on_integers() {
     });
 }
 
-/// The heuristic takes the short-K tile for tensor-core K of up to two stages, and never otherwise.
+/// The heuristic takes the short-K tile for tensor-core K of up to two stages (on sm_90a
+/// one: two already run on the TMA tiles), and never otherwise.
 #[test]
 fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
     let desc = |dt, dims: &[usize]| TensorDescriptor::packed(dt, dims).unwrap();
     for h in handles() {
+        let sm90a = h.compute_capability() == Some((9, 0));
         for (dt, math, k, short) in [
             (DataType::F16, MatmulMath::TensorOp, 64, true),
             (DataType::F16, MatmulMath::TensorOp, 16, true),
-            (DataType::F16, MatmulMath::TensorOp, 128, true),
+            (DataType::F16, MatmulMath::TensorOp, 128, !sm90a),
             (DataType::F16, MatmulMath::TensorOp, 129, false),
             (DataType::F32, MatmulMath::Tf32, 64, true),
             (DataType::F32, MatmulMath::Tf32, 65, false),

@@ -24,7 +24,7 @@ use crate::unrolled;
 #[cfg(feature = "sm90a")]
 use crate::{
     device::hopper::Accumulators,
-    gemm::hopper::{wgmma_tile, WgmmaElement},
+    gemm::hopper::{wgmma_tile, wgmma_tma_tile, TmaOperand, WgmmaElement},
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
@@ -32,7 +32,10 @@ use oxidnn_params::{
     EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES, MMA_SHORT_K_STAGES,
 };
 #[cfg(feature = "sm90a")]
-use oxidnn_params::{wgmma_shared_bytes, wgmma_stages, WGMMA_BM, WGMMA_THREADS};
+use oxidnn_params::{
+    tma_shared_bytes, wgmma_shared_bytes, wgmma_stages, TensorMap, TmaOperands, WGMMA_BM,
+    WGMMA_THREADS,
+};
 
 /// One operand of one block: the `rows x k` matrix starting at the block's first row (M for
 /// A, N for B) in the block's batch; strides in elements.
@@ -333,6 +336,28 @@ pub struct MatmulEpilogue<const WIDE: bool> {
 }
 
 impl<const WIDE: bool> MatmulEpilogue<WIDE> {
+    /// The epilogue of batch `batch` of the problem `p` describes, writing to `d`.
+    #[inline(always)]
+    unsafe fn of_batch(
+        p: &MatmulParams,
+        batch: u32,
+        (d, bias, z): (*mut u8, *const u8, *const u8),
+    ) -> Self {
+        let ep = &p.epilogue;
+        let out_bytes = match OutputType::from_u32(ep.ops.out_type) {
+            OutputType::F32 => 4,
+            _ => 2,
+        };
+        Self {
+            p: *ep,
+            m: p.m,
+            n: p.n,
+            d: d.add((batch as u64 * ep.out.batch * out_bytes) as usize),
+            bias,
+            z: z.add((batch as u64 * ep.residual.batch * out_bytes) as usize),
+        }
+    }
+
     #[inline(always)]
     unsafe fn finish<O: Element>(&self, r: u32, c: u32, v: [f32; 2]) {
         let p = &self.p;
@@ -509,23 +534,11 @@ unsafe fn for_each_batch<const WIDE: bool>(
 ) {
     let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
     let (row0, col0) = (tm * bm, tn * bn);
-    let ep = &p.epilogue;
-    let out_bytes = match OutputType::from_u32(ep.ops.out_type) {
-        OutputType::F32 => 4,
-        _ => 2,
-    };
     let mut batch = block_idx_y();
     while batch < p.batch {
         let la = Operand::at(a, &p.a, batch, row0, p.m, p.k, in_bytes);
         let lb = Operand::at(b, &p.b, batch, col0, p.n, p.k, in_bytes);
-        let epilogue = MatmulEpilogue::<WIDE> {
-            p: *ep,
-            m: p.m,
-            n: p.n,
-            d: d.add((batch as u64 * ep.out.batch * out_bytes) as usize),
-            bias,
-            z: z.add((batch as u64 * ep.residual.batch * out_bytes) as usize),
-        };
+        let epilogue = MatmulEpilogue::<WIDE>::of_batch(p, batch, (d, bias, z));
         tile(la, lb, &epilogue, row0, col0);
         batch += grid_dim_y();
         // The next batch's first copies reuse stages other warps may still be reading.
@@ -773,6 +786,79 @@ macro_rules! wgmma_kernels {
     };
 }
 
+/// One block's `WGMMA_BM x BN` tile of batch `blockIdx.y` on the warp-specialised TMA
+/// `wgmma` core ([`wgmma_tma_tile`]); `maps` is the generic address of the kernel's
+/// [`oxidnn_params::TmaOperands`].
+#[cfg(feature = "sm90a")]
+#[inline(always)]
+unsafe fn matmul_wgmma_tma<
+    E,
+    const BN: u32,
+    const STAGES: u32,
+    const NI: usize,
+    const KA: bool,
+    const KB: bool,
+>(
+    p: &MatmulParams,
+    maps: u64,
+    out: (*mut u8, *const u8, *const u8),
+) where
+    E: WgmmaElement,
+    [[f32; 4]; NI]: Accumulators,
+{
+    let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
+    let (row0, col0) = (tm * WGMMA_BM, tn * BN);
+    let batch = block_idx_y();
+    let coordinate = |l: &OperandLayout| if l.batch == 0 { 0 } else { batch };
+    let a = TmaOperand::<KA> {
+        map: maps,
+        mn0: row0,
+        batch: coordinate(&p.a),
+    };
+    let b = TmaOperand::<KB> {
+        map: maps + core::mem::size_of::<TensorMap>() as u64,
+        mn0: col0,
+        batch: coordinate(&p.b),
+    };
+    let ep = MatmulEpilogue::<true>::of_batch(p, batch, out);
+    wgmma_tma_tile::<E, BN, STAGES, NI, KA, KB, _>(&a, &b, p.k, dynamic_smem(), &ep, row0, col0);
+}
+
+/// Stamps out the `wgmma_matmul_tma_128x<BN>_<la><lb>_<dt>` entry points of one element
+/// type and tile width, for each of the four `k`/`n` layouts of A and B:
+/// `(params, a, b, d, bias, z, maps)`, `maps` an [`oxidnn_params::TmaOperands`] by value
+/// (the operands' addresses are in the maps; the kernel does not read `a` and `b`).
+#[cfg(feature = "sm90a")]
+macro_rules! wgmma_tma_kernels {
+    ($dt:ident, $E:ty, $bn:literal) => {
+        const _: () = assert!(
+            mma_stage_bytes(8, $bn) <= tma_shared_bytes($bn) - 1024
+                && 64 * <$E as MmaElement>::BYTES == MMA_BK_BYTES
+        );
+        wgmma_tma_kernels!(@one $dt, $E, $bn, k, true, k, true);
+        wgmma_tma_kernels!(@one $dt, $E, $bn, k, true, n, false);
+        wgmma_tma_kernels!(@one $dt, $E, $bn, n, false, k, true);
+        wgmma_tma_kernels!(@one $dt, $E, $bn, n, false, n, false);
+    };
+    (@one $dt:ident, $E:ty, $bn:literal, $la:ident, $ka:literal, $lb:ident, $kb:literal) => {
+        paste::paste! {
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn [<wgmma_matmul_tma_128x $bn _ $la $lb _ $dt>](
+                p: MatmulParams, _a: *const u8, _b: *const u8, d: *mut u8, bias: *const u8,
+                z: *const u8, _maps: TmaOperands,
+            ) {
+                let maps = crate::kernel_param_address!(concat!(
+                    stringify!([<wgmma_matmul_tma_128x $bn _ $la $lb _ $dt>]),
+                    "_param_6"
+                ));
+                matmul_wgmma_tma::<$E, $bn, { wgmma_stages($bn) }, { $bn / 8 }, $ka, $kb>(
+                    &p, maps, (d, bias, z),
+                )
+            }
+        }
+    };
+}
+
 #[cfg(feature = "sm90a")]
 mod sm90a_kernels {
     use super::*;
@@ -780,4 +866,10 @@ mod sm90a_kernels {
     wgmma_kernels!(f16, F16, 128);
     wgmma_kernels!(bf16, Bf16, 256);
     wgmma_kernels!(bf16, Bf16, 128);
+    wgmma_tma_kernels!(f16, F16, 256);
+    wgmma_tma_kernels!(f16, F16, 128);
+    wgmma_tma_kernels!(f16, F16, 64);
+    wgmma_tma_kernels!(bf16, Bf16, 256);
+    wgmma_tma_kernels!(bf16, Bf16, 128);
+    wgmma_tma_kernels!(bf16, Bf16, 64);
 }

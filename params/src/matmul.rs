@@ -177,6 +177,40 @@ pub const fn wgmma_shared_bytes(bn: u32) -> u32 {
     (WGMMA_BM + bn) * MMA_BK_BYTES * wgmma_stages(bn) + 1024
 }
 
+/// A TMA tensor map (the driver's `CUtensorMap`): 128 opaque bytes that
+/// `cuTensorMapEncodeTiled` writes on the host and the kernels' bulk tensor copies read.
+/// TMA wants it 64-byte aligned; rustc's nvptx kernel ABI declares parameters at most
+/// 16-byte aligned, so build.rs raises the declared alignment of the kernels'
+/// [`TmaOperands`] parameter to 64 in the PTX.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The last parameter of a `wgmma_matmul_tma_*` kernel: its operands' tensor maps, passed
+/// by value so that the copies read them from parameter space (no memory to allocate or
+/// fill per call). Each describes its operand as a 3-D tensor, innermost dim first:
+/// `[K, rows, batch]` when K is contiguous, `[rows, K, batch]` when M/N is, where rows are
+/// M (for A) or N (for B); boxes are [`TMA_BOX`] x [`TMA_BOX`] x 1, 128-byte swizzled.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TmaOperands {
+    pub a: TensorMap,
+    pub b: TensorMap,
+}
+
+/// Rows (M/N) and K elements of one TMA box: 64 x 64 16-bit elements, 8 KB, one
+/// 128-byte swizzle row of K per row (K-major) or of M/N per K (MN-major).
+pub const TMA_BOX: u32 = 64;
+/// Threads of a TMA `wgmma` block: a producer warpgroup (one thread issues the copies)
+/// and two consumer warpgroups.
+pub const TMA_THREADS: u32 = 384;
+
+/// Dynamic shared memory of a TMA `wgmma` `128 x bn` tile: [`wgmma_stages`] stages, 1 KB
+/// of alignment slack, and two 8-byte barriers per stage (data landed; stage free).
+pub const fn tma_shared_bytes(bn: u32) -> u32 {
+    (WGMMA_BM + bn) * MMA_BK_BYTES * wgmma_stages(bn) + 1024 + 2 * 8 * wgmma_stages(bn)
+}
+
 /// K per stage of the exact-f32 (FMA) kernels.
 pub const FMA_BK: u32 = 8;
 /// Threads of an FMA block: a 16 x 16 grid of register tiles.

@@ -246,3 +246,159 @@ accumulators!(
      64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95
      96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111 112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]
 );
+
+// ---------------------------------------------------------------------------------------
+// mbarriers, TMA bulk tensor copies and register reallocation: the plumbing of the
+// warp-specialised core (`gemm::hopper::wgmma_tma_tile`).
+// ---------------------------------------------------------------------------------------
+
+/// `mbarrier.init`: the 8-byte barrier at shared `bar` completes a phase after `count`
+/// arrivals and the transaction bytes announced for that phase.
+///
+/// # Safety
+/// `bar` is an 8-byte aligned shared address of this block that nothing else uses as a
+/// barrier; no thread or copy touches it before [`fence_mbarrier_init`] and a block
+/// barrier that follow the init.
+#[inline(always)]
+pub unsafe fn mbarrier_init(bar: u32, count: u32) {
+    asm!(
+        "mbarrier.init.shared::cta.b64 [{bar}], {count};",
+        bar = in(reg32) bar,
+        count = in(reg32) count,
+        options(nostack, preserves_flags)
+    )
+}
+
+/// `fence.mbarrier_init.release.cluster`: this thread's barrier inits become visible to
+/// the async proxy (the TMA unit that completes transactions on them) at the next
+/// barrier.
+#[inline(always)]
+pub fn fence_mbarrier_init() {
+    // SAFETY: a memory-ordering fence; no operands.
+    unsafe {
+        asm!(
+            "fence.mbarrier_init.release.cluster;",
+            options(nostack, preserves_flags)
+        )
+    }
+}
+
+/// One arrival on the barrier at shared `bar` that also announces `bytes` more
+/// transaction bytes (TMA copies completing on it) for the current phase.
+///
+/// # Safety
+/// `bar` is an initialised barrier of this block.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive_expect_tx(bar: u32, bytes: u32) {
+    asm!(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {bytes};",
+        bar = in(reg32) bar,
+        bytes = in(reg32) bytes,
+        options(nostack, preserves_flags)
+    )
+}
+
+/// One arrival on the barrier at shared `bar` of this block.
+///
+/// # Safety
+/// `bar` is an initialised barrier of this block.
+#[inline(always)]
+pub unsafe fn mbarrier_arrive(bar: u32) {
+    asm!(
+        "mbarrier.arrive.shared::cta.b64 _, [{bar}];",
+        bar = in(reg32) bar,
+        options(nostack, preserves_flags)
+    )
+}
+
+/// Waits until the phase of parity `parity` (0 or 1) of the barrier at shared `bar` has
+/// completed (acquire: the data its arrivals and copies released is visible after).
+///
+/// # Safety
+/// `bar` is an initialised barrier of this block; the phase is the current one or the
+/// one just before (parity cannot tell older phases apart).
+#[inline(always)]
+pub unsafe fn mbarrier_wait(bar: u32, parity: u32) {
+    loop {
+        let done: u32;
+        asm!(
+            "{{",
+            ".reg .pred p;",
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {parity};",
+            "selp.u32 {done}, 1, 0, p;",
+            "}}",
+            bar = in(reg32) bar,
+            parity = in(reg32) parity,
+            done = out(reg32) done,
+            options(nostack, preserves_flags)
+        );
+        if done != 0 {
+            return;
+        }
+    }
+}
+
+/// Starts a TMA copy of the box at element coordinates `coords` (innermost first) of the
+/// 3-D tensor the tensor map at generic address `map` describes, to shared `dst`; the
+/// barrier at `bar` receives the bytes as completed transactions. Coordinates outside the
+/// tensor read as zeros.
+///
+/// # Safety
+/// `map` is the address of a valid tensor map in parameter, constant or global memory;
+/// `dst` (1024-byte aligned for 128-byte swizzling) holds the whole box and nothing
+/// reads or writes it until the barrier's phase completes; the barrier expects these
+/// bytes in its current phase.
+#[inline(always)]
+pub unsafe fn tma_load_3d(dst: u32, map: u64, coords: [u32; 3], bar: u32) {
+    asm!(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{c0}, {c1}, {c2}}}], [{bar}];",
+        dst = in(reg32) dst,
+        map = in(reg64) map,
+        c0 = in(reg32) coords[0],
+        c1 = in(reg32) coords[1],
+        c2 = in(reg32) coords[2],
+        bar = in(reg32) bar,
+        options(nostack, preserves_flags)
+    )
+}
+
+/// `setmaxnreg.inc` / `.dec`: this warpgroup's threads take (`INC`) or give back
+/// registers until each has `REGS` (a multiple of 8, 24 to 256). The kernel must declare
+/// its launch register budget (`.maxnreg` or `.maxntid` + `.minnctapersm`, build.rs).
+#[inline(always)]
+pub fn set_max_registers<const INC: bool, const REGS: u32>() {
+    const { assert!(REGS % 8 == 0 && REGS >= 24 && REGS <= 256) };
+    // SAFETY: run by all threads of a warpgroup together (`.sync.aligned`); it changes
+    // only how many registers the warpgroup holds, which ptxas allocates against.
+    unsafe {
+        if INC {
+            asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const REGS,
+                 options(nostack, preserves_flags))
+        } else {
+            asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const REGS,
+                 options(nostack, preserves_flags))
+        }
+    }
+}
+
+/// The generic address of the kernel parameter named `$param` (a string literal: PTX
+/// names a kernel's parameters `<kernel>_param_<index>`), as TMA copies need for a tensor
+/// map passed by value (CUDA's `__grid_constant__`): the parameter stays in parameter
+/// space, which no code writes.
+#[macro_export]
+macro_rules! kernel_param_address {
+    ($param:expr) => {{
+        let a: u64;
+        // SAFETY: takes the address of a parameter of the kernel being compiled (the
+        // caller names one of its own); no memory access.
+        unsafe {
+            core::arch::asm!(
+                concat!("mov.b64 {a}, ", $param, ";"),
+                "cvta.param.u64 {a}, {a};",
+                a = out(reg64) a,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        a
+    }};
+}

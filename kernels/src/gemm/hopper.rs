@@ -7,16 +7,23 @@
 //! `cp.async` fills a ring of `STAGES` stages `STAGES - 2` K tiles ahead. Per K tile, after
 //! one barrier: the tile's `wgmma`s are issued (queued behind the previous tile's), then
 //! the copies of a later tile, then the previous tile's `wgmma`s are waited for.
+//!
+//! [`wgmma_tma_tile`] is the warp-specialised variant for operands a TMA tensor map
+//! describes: one producer thread issues bulk tensor copies that complete on per-stage
+//! barriers; two consumer warpgroups only multiply.
 
 use super::{mma_stage_bytes, store_warp_tile, Epilogue, MmaElement, TileLoader};
 use crate::device::hopper::{
-    fence_proxy_async_shared, wgmma_commit_group, wgmma_fence, wgmma_wait, Accumulators,
-    SmemDescriptor, WgmmaInput,
+    fence_mbarrier_init, fence_proxy_async_shared, mbarrier_arrive, mbarrier_arrive_expect_tx,
+    mbarrier_init, mbarrier_wait, set_max_registers, tma_load_3d, wgmma_commit_group, wgmma_fence,
+    wgmma_wait, Accumulators, SmemDescriptor, WgmmaInput,
 };
-use crate::device::{cp_async_commit, cp_async_wait, sync_threads, thread_idx_x};
+use crate::device::{
+    bar_sync, cp_async_commit, cp_async_wait, sync_threads, sync_warp, thread_idx_x,
+};
 use crate::element::{Bf16, F16};
 use crate::unrolled;
-use oxidnn_params::{MMA_BK_BYTES, WGMMA_BM};
+use oxidnn_params::{MMA_BK_BYTES, TMA_BOX, WGMMA_BM};
 
 /// The 16-bit input types of [`wgmma_tile`].
 pub trait WgmmaElement: MmaElement {
@@ -157,4 +164,187 @@ pub unsafe fn wgmma_tile<E, const BN: u32, const STAGES: u32, const NI: usize, L
     let stage = base + warp * mma_stage_bytes(1, BN);
     let warp_row = wg_row + (warp % 4) * 16;
     store_warp_tile(&[acc], stage, ep, (row0 + warp_row, col0));
+}
+
+// ---------------------------------------------------------------------------------------
+// The warp-specialised TMA core: one producer thread copies, two warpgroups multiply.
+// ---------------------------------------------------------------------------------------
+
+/// One operand of a [`wgmma_tma_tile`] block: a tensor map (its generic address; see
+/// `oxidnn_params::TmaOperands` for the tensor it describes) and where the block's tiles
+/// start in it. `K_MAJOR`: K is the map's innermost dim (else M/N is).
+#[derive(Clone, Copy)]
+pub struct TmaOperand<const K_MAJOR: bool> {
+    pub map: u64,
+    /// The block's first row (M for A, N for B).
+    pub mn0: u32,
+    /// The batch coordinate (0 for an operand broadcast over the batch).
+    pub batch: u32,
+}
+
+impl<const K_MAJOR: bool> TmaOperand<K_MAJOR> {
+    /// Starts copying the block's `rows` rows (a multiple of [`TMA_BOX`]) of K tile `kt` to
+    /// the [`super::Sw128Atoms`] stage tile at `stage`: box `i` (rows `64 i ..`) at
+    /// `64 i * 128` bytes (K-major rows of 128 bytes, or MN-major column blocks of 64 rows
+    /// by 64 K), completing on the barrier at `bar`.
+    ///
+    /// # Safety
+    /// [`tma_load_3d`]'s contract for each box.
+    #[inline(always)]
+    unsafe fn load(&self, stage: u32, kt: u32, rows: u32, bar: u32) {
+        let k = kt * TMA_BOX;
+        let mut row = 0;
+        while row < rows {
+            let mn = self.mn0 + row;
+            let coords = if K_MAJOR {
+                [k, mn, self.batch]
+            } else {
+                [mn, k, self.batch]
+            };
+            tma_load_3d(stage + row * ATOM_ROW, self.map, coords, bar);
+            row += TMA_BOX;
+        }
+    }
+}
+
+/// Consumer warpgroups of a [`wgmma_tma_tile`] block (after the producer warpgroup).
+const CONSUMERS: u32 = 2;
+/// Registers per thread of a [`wgmma_tma_tile`] block at launch: 384 threads, one block
+/// per SM (`.maxntid 384` + `.minnctapersm 1` from build.rs: 65536 / 384, rounded down to
+/// a multiple of 8).
+const LAUNCH_REGISTERS: u32 = 168;
+/// Registers each producer thread keeps (`setmaxnreg.dec`): one thread issues copies.
+const PRODUCER_REGISTERS: u32 = 40;
+/// Registers each consumer thread takes (`setmaxnreg.inc`): 128 accumulators at BN = 256
+/// and the epilogue. `setmaxnreg.inc` waits, forever, for registers nobody gives back, so
+/// the 256 consumers grow by at most what the 128 producers release.
+const CONSUMER_REGISTERS: u32 = 232;
+const _: () =
+    assert!(2 * (CONSUMER_REGISTERS - LAUNCH_REGISTERS) <= LAUNCH_REGISTERS - PRODUCER_REGISTERS);
+
+/// One block's `128 x BN` tile on `wgmma`, warp-specialised, operands copied by TMA:
+/// `acc = A[row0.., :] x B[col0.., :]^T` over K tiles of 64, then every accumulator to
+/// `ep`. `NI = BN / 8`; `a` / `b` say where the tiles lie (`KA` / `KB`: K-major, else
+/// MN-major), 16-bit elements.
+///
+/// Warpgroup 0 produces: its thread 0 fills a ring of `STAGES` stages, each guarded by a
+/// *full* barrier (its arrival and the stage's bytes) and an *empty* one (one arrival per
+/// consumer warpgroup). Warpgroups 1 and 2 consume: wait on *full*, issue the K tile's
+/// `wgmma`s, and release a stage once the `wgmma`s that read it retire (one group later);
+/// they never compute an address or issue a copy. `setmaxnreg` moves registers from the
+/// producer warpgroup to the consumers. The consumers then stage their accumulators
+/// through the drained stages.
+///
+/// Shared memory at `smem`: `oxidnn_params::tma_shared_bytes(BN)` bytes. Every thread of
+/// the block (384, three warpgroups) calls it; the kernel declares a 384-thread,
+/// one-block-per-SM register budget (build.rs) for `setmaxnreg`.
+///
+/// # Safety
+/// The tensor maps are valid, describe 16-bit operands with [`TMA_BOX`]-square boxes,
+/// 128-byte swizzled, and stay valid for the launch; the epilogue's own contract; `smem`
+/// is the block's shared memory; the device is sm_90a.
+#[inline(always)]
+pub unsafe fn wgmma_tma_tile<
+    E,
+    const BN: u32,
+    const STAGES: u32,
+    const NI: usize,
+    const KA: bool,
+    const KB: bool,
+    EP,
+>(
+    a: &TmaOperand<KA>,
+    b: &TmaOperand<KB>,
+    k: u32,
+    smem: u32,
+    ep: &EP,
+    row0: u32,
+    col0: u32,
+) where
+    E: WgmmaElement,
+    EP: Epilogue,
+    [[f32; 4]; NI]: Accumulators,
+{
+    const {
+        assert!(NI as u32 * 8 == BN && BN % TMA_BOX == 0 && STAGES >= 2);
+        assert!(TMA_BOX * 2 == MMA_BK_BYTES);
+    };
+    let bk = MMA_BK_BYTES / E::BYTES;
+    let a_stage_bytes = WGMMA_BM * MMA_BK_BYTES;
+    let b_stage_bytes = BN * MMA_BK_BYTES;
+    let base = (smem + ATOM_BYTES - 1) & !(ATOM_BYTES - 1);
+    let a_stage = |s: u32| base + s * a_stage_bytes;
+    let b_stage = |s: u32| base + STAGES * a_stage_bytes + s * b_stage_bytes;
+    let barriers = base + STAGES * (a_stage_bytes + b_stage_bytes);
+    let full = |s: u32| barriers + 8 * s;
+    let empty = |s: u32| barriers + 8 * (STAGES + s);
+    let tid = thread_idx_x();
+    let warpgroup = tid / 128;
+    let k_tiles = k.div_ceil(bk);
+
+    if tid == 0 {
+        for s in 0..STAGES {
+            mbarrier_init(full(s), 1);
+            mbarrier_init(empty(s), CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    sync_threads();
+
+    if warpgroup == 0 {
+        set_max_registers::<false, PRODUCER_REGISTERS>();
+        if tid == 0 {
+            for kt in 0..k_tiles {
+                let s = kt % STAGES;
+                if kt >= STAGES {
+                    // Both consumers retired their reads of the stage's previous tile.
+                    mbarrier_wait(empty(s), (kt / STAGES - 1) & 1);
+                }
+                mbarrier_arrive_expect_tx(full(s), a_stage_bytes + b_stage_bytes);
+                a.load(a_stage(s), kt, WGMMA_BM, full(s));
+                b.load(b_stage(s), kt, BN, full(s));
+            }
+        }
+        sync_warp();
+    } else {
+        set_max_registers::<true, CONSUMER_REGISTERS>();
+        let wg_row = (warpgroup - 1) * WG_ROWS;
+        let trans = (!KA, !KB);
+        let release = |s: u32| {
+            if tid % 128 == 0 {
+                mbarrier_arrive(empty(s));
+            }
+            sync_warp();
+        };
+        let mut acc = [[0f32; 4]; NI];
+        for kt in 0..k_tiles {
+            let s = kt % STAGES;
+            mbarrier_wait(full(s), (kt / STAGES) & 1);
+            let (da, a_step) = operand_descriptor(KA, a_stage(s), wg_row, bk);
+            let (db, b_step) = operand_descriptor(KB, b_stage(s), 0, bk);
+            acc.fence_operands();
+            wgmma_fence();
+            unrolled!(ks in (MMA_BK_BYTES / 2 / WGMMA_K) as usize => {
+                let ks = ks as u32;
+                acc.mma(E::INPUT, trans, da.offset(ks * a_step), db.offset(ks * b_step), true);
+            });
+            wgmma_commit_group();
+            // Tile kt's wgmmas run on; tile kt - 1's have retired: its stage is free.
+            wgmma_wait::<1>();
+            acc.fence_operands();
+            if kt > 0 {
+                release((kt - 1) % STAGES);
+            }
+        }
+        wgmma_wait::<0>();
+        acc.fence_operands();
+        // Every copy has landed (each stage's full barrier was waited for) and both
+        // consumer warpgroups are done reading: the stages become the epilogue's staging
+        // area, 16 rows of BN per warp.
+        bar_sync(1, CONSUMERS * 128);
+        let warp = tid / 32 - 4;
+        let stage = base + warp * mma_stage_bytes(1, BN);
+        let warp_row = wg_row + (warp % 4) * 16;
+        store_warp_tile(&[acc], stage, ep, (row0 + warp_row, col0));
+    }
 }
