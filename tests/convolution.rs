@@ -1214,6 +1214,79 @@ fn depthwise_matches_the_reference_on_mobilenet_like_layers() {
     );
 }
 
+/// A 2-D depthwise case (multiplier 1, KRSC filter, NHWC tensors) with per-dim padding,
+/// stride and dilation `[h, w]`.
+fn depthwise_nhwc(
+    dtype: DataType,
+    (n, c, hw): (usize, usize, [usize; 2]),
+    (pad, stride, dilation): ([usize; 2], [usize; 2], [usize; 2]),
+    mode: ConvMode,
+) -> Case {
+    let conv = ConvolutionDescriptor::new(&pad, &stride, &dilation, mode, MathType::Fma)
+        .unwrap()
+        .with_groups(c)
+        .unwrap();
+    let x = TensorDescriptor::spatial(dtype, n, c, &hw, Layout::ChannelsLast).unwrap();
+    let w = FilterDescriptor::new(dtype, FilterLayout::Krsc, c, 1, &[3, 3]).unwrap();
+    let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+    let y = TensorDescriptor::spatial(dtype, yd[0], yd[1], &yd[2..], Layout::ChannelsLast).unwrap();
+    Case {
+        dtype,
+        math: MathType::Fma,
+        conv,
+        x,
+        w,
+        y,
+        alpha: 1.0,
+        beta: 0.0,
+        bias: false,
+        residual: false,
+        activation: ActivationDescriptor::identity(),
+    }
+}
+
+/// The channels-last 3x3 depthwise path (for f16 and bf16 the `strip` kernels: seven
+/// output pixels of one 16-byte channel vector per thread, stride 1 or 2 along w; f32 and
+/// wide stride-2 outputs take the `vec` kernel) on the shapes at its edges: widths below,
+/// at and past one strip and not multiples of it, padding 0 to 3 (pad 3 leaves outputs
+/// whose every tap is padding), stride and dilation along h that differ from w's, more
+/// than one warp of channel vectors, a stride-2 output wider than two strips, and channel
+/// counts that are not a multiple of the 16-byte vector (f16/bf16 then take the `rows`
+/// kernel: the answer must not change), each with bias, residual, beta and relu, in both
+/// modes.
+#[test]
+fn depthwise_channels_last_3x3_matches_the_reference_at_strip_edges() {
+    with_gpu(
+        "depthwise_channels_last_3x3_matches_the_reference_at_strip_edges",
+        |h| {
+            for dt in [DataType::F32, DataType::F16, DataType::BF16] {
+                for (seed, (dims, geo)) in [
+                    ((2, 8, [5, 5]), ([1, 1], [1, 1], [1, 1])),
+                    ((2, 16, [9, 15]), ([1, 1], [1, 1], [1, 1])),
+                    ((1, 24, [8, 13]), ([1, 1], [2, 2], [1, 1])),
+                    ((3, 40, [7, 20]), ([0, 0], [1, 2], [1, 1])),
+                    ((2, 8, [6, 6]), ([2, 3], [1, 1], [1, 1])),
+                    ((2, 32, [11, 17]), ([1, 1], [2, 2], [2, 1])),
+                    ((1, 264, [4, 9]), ([1, 1], [1, 1], [1, 1])),
+                    ((2, 12, [7, 14]), ([1, 1], [1, 2], [1, 1])),
+                    ((1, 20, [3, 29]), ([1, 2], [1, 1], [1, 1])),
+                    ((1, 16, [5, 33]), ([1, 1], [2, 2], [1, 1])),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let exact = dt == DataType::F32;
+                    for (m, mode) in [XCORR, ConvMode::Convolution].into_iter().enumerate() {
+                        let case = depthwise_nhwc(dt, dims, geo, mode);
+                        let seed = (100 * m + seed) as u64;
+                        check_forced(h, case, ConvFwdAlgo::Depthwise, exact, seed);
+                    }
+                }
+            }
+        },
+    );
+}
+
 #[test]
 fn implicit_gemm_and_depthwise_decline_with_reasons() {
     for h in handles() {

@@ -252,6 +252,11 @@ pub const fn conv_igemm_table_bytes(taps: u32) -> u32 {
 ///   channels (`16 / size` of them) of [`DW_PIXELS`] consecutive outputs along the
 ///   innermost spatial dim; `items` over `[n, channel vectors, o0, o1, pixel groups]`,
 ///   channel vectors fastest.
+/// * `conv_fwd_depthwise_strip3s<1|2>_<f16|bf16>`: as `vec` for packed 3x3 filters
+///   (depth 1) at stride 1 or 2 along the innermost dim, dilation 1 there, one thread per
+///   channel vector of [`DW_STRIP`] consecutive outputs (`items` over `[n, channel
+///   vectors, o0, o1, strips]`), the filter and each input column's vector held in
+///   registers; [`DW_STRIP_THREADS`] per block.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ConvDepthwiseParams {
@@ -264,5 +269,11 @@ pub struct ConvDepthwiseParams {
 pub const DW_COLS: u32 = 4;
 /// Consecutive output pixels one `vec` depthwise thread computes.
 pub const DW_PIXELS: u32 = 2;
-/// Threads per block of the depthwise kernels.
+/// Consecutive output pixels one `strip` depthwise thread computes (7 divides every
+/// MobileNet width: 112, 56, 28, 14, 7).
+pub const DW_STRIP: u32 = 7;
+/// Threads per block of the `rows` and `vec` depthwise kernels.
 pub const DW_THREADS: u32 = 256;
+/// Threads per block of the `strip` depthwise kernels (their 230-255 registers fit one
+/// 256-thread block per SM; two 128-thread blocks ran 1-2% faster, about the noise).
+pub const DW_STRIP_THREADS: u32 = 128;
