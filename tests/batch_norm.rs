@@ -872,6 +872,46 @@ fn gpu_resnet_like_shapes_in_nchw_and_nhwc() {
     });
 }
 
+/// Many channels of short reductions (NCHW 2048x7x7, 1024x14x14): a block per channel
+/// reduces, finalizes and normalizes its channel in one launch, forward and backward
+/// (with the saved statistics), plain and fused with add + relu, blended outputs, every
+/// dtype; NHWC runs the three-pass kernels on the same problems.
+#[test]
+fn gpu_one_launch_training_of_many_short_channels() {
+    with_gpu("gpu_one_launch_training_of_many_short_channels", |h| {
+        for dims in [[16, 2048, 7, 7], [8, 1024, 14, 14]] {
+            for dt in DataType::GPU {
+                for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                    let [n, c, hh, w] = dims;
+                    let x = TensorDescriptor::nchw_with(dt, n, c, hh, w, layout).unwrap();
+                    let p = Problem::dense(BatchNormMode::Spatial, x);
+                    for (ops, blend) in [
+                        (BatchNormOps::Bn, (1.0, 0.0)),
+                        (BatchNormOps::BnAddActivation, (0.75, 0.5)),
+                    ] {
+                        let t = Training {
+                            ops,
+                            alpha_beta: blend,
+                            factor: Some(0.25),
+                            epsilon: 1e-5,
+                            saved: true,
+                        };
+                        check_forward_training(h, &p, t, 21);
+                        let b = Backward {
+                            ops,
+                            data: blend,
+                            param: (0.5, 0.25),
+                            epsilon: 1e-5,
+                            saved: true,
+                        };
+                        check_backward(h, &p, b, 22);
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Per-activation mode on 4-D and 5-D tensors in both layouts.
 #[test]
 fn gpu_per_activation_mode_in_every_layout() {
@@ -1003,6 +1043,7 @@ fn gpu_results_are_bitwise_reproducible() {
                     h.alloc(&pd).unwrap(),
                     h.alloc(&pd).unwrap(),
                 );
+                let (mut sm, mut si) = (h.alloc(&pd).unwrap(), h.alloc(&pd).unwrap());
                 batch_norm_forward_training(
                     h,
                     &bn,
@@ -1021,16 +1062,53 @@ fn gpu_results_are_bitwise_reproducible() {
                         mean: &mut rm,
                         variance: &mut rv,
                     }),
-                    None,
+                    Some(SavedStats {
+                        mean: &mut sm,
+                        inv_std: &mut si,
+                    }),
                     &mut ws,
                 )
                 .unwrap();
+                // Statistics recomputed from x, then the saved ones.
                 batch_norm_backward(
                     h, &bn, 1.0, 0.0, 1.0, 0.0, &xd, &x, None, &xd, &dy, None, &xd, &mut dx, &pd,
                     &scale, &mut ds, &mut db, None, &mut ws,
                 )
                 .unwrap();
-                [&y, &rm, &rv, &dx, &ds, &db].map(|b| h.read_bytes(b).unwrap())
+                let (mut dx2, mut ds2, mut db2) = (
+                    h.alloc(&xd).unwrap(),
+                    h.alloc(&pd).unwrap(),
+                    h.alloc(&pd).unwrap(),
+                );
+                let saved = SavedStatsRef {
+                    mean: &sm,
+                    inv_std: &si,
+                };
+                batch_norm_backward(
+                    h,
+                    &bn,
+                    1.0,
+                    0.0,
+                    1.0,
+                    0.0,
+                    &xd,
+                    &x,
+                    None,
+                    &xd,
+                    &dy,
+                    None,
+                    &xd,
+                    &mut dx2,
+                    &pd,
+                    &scale,
+                    &mut ds2,
+                    &mut db2,
+                    Some(saved),
+                    &mut ws,
+                )
+                .unwrap();
+                [&y, &rm, &rv, &sm, &si, &dx, &ds, &db, &dx2, &ds2, &db2]
+                    .map(|b| h.read_bytes(b).unwrap())
             };
             let first = run();
             let second = run();

@@ -17,6 +17,13 @@
 //!   blocks in reverse order, so it starts on the data the stats pass read last (which may
 //!   still be in L2).
 //!
+//! * `batch_norm_{fwd,bwd}_fused_rows_<dtype>`: the whole training pass in one launch when
+//!   the stats pass would give each feature one chunk (rows mapping, many features of
+//!   short reductions, e.g. NCHW 512x28x28 to 2048x7x7 at N = 32): a block per feature
+//!   reduces it, finalizes it from the block total (same f64 formulas as the finalize
+//!   kernels) and applies it, visiting its elements last to first (those it read last
+//!   are likeliest still in L1/L2). No partials, no finalize or apply launch.
+//!
 //! Inference is one apply launch whose coefficients come from the estimated statistics.
 //!
 //! *Rows* kernels (the reduction is contiguous, e.g. NCHW spatial) give each block one
@@ -35,7 +42,8 @@ use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_WARPS,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormStatsParams,
+    BN_BLOCK_WARPS,
 };
 
 /// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
@@ -304,6 +312,27 @@ impl Work {
     }
 }
 
+/// `first + last` of a thread's work: [`visited`] then maps the work's indices onto
+/// themselves, last first. 0 (no reversal) when the work is empty or the one index 0.
+fn mirror_of(w: &Work) -> u32 {
+    if w.end > w.first {
+        let last = w.first + (w.end - 1 - w.first) / w.step * w.step;
+        w.first + last
+    } else {
+        0
+    }
+}
+
+/// The index visited at position `i` of a work's range: `i`, or `mirror - i`.
+#[inline(always)]
+fn visited(mirror: u32, i: u32) -> u32 {
+    if mirror != 0 {
+        mirror - i
+    } else {
+        i
+    }
+}
+
 #[inline(always)]
 fn rows_work(g: &BatchNormGeometry, block: u32) -> Work {
     let f = block / g.chunks;
@@ -429,14 +458,16 @@ unsafe fn write_cols_partials<const KV: usize>(
 // Forward statistics
 // ---------------------------------------------------------------------------------------
 
+/// The moments of a rows block's work (every thread gets the block's total).
+///
+/// # Safety
+/// `x` covers the tensor `g` describes; every thread of the block calls it.
 #[inline(always)]
-unsafe fn fwd_stats_rows<T: Element, const KV: usize>(
-    p: &BatchNormStatsParams,
+unsafe fn fwd_moments_rows<T: Element, const KV: usize>(
+    g: &BatchNormGeometry,
     x: *const T,
-    partials: *mut BatchNormPartial,
-) {
-    let g = &p.geo;
-    let w = rows_work(g, block_idx_x());
+    w: &Work,
+) -> Acc<1> {
     let base = g.feat.offsets(w.f0)[X];
     let mut acc = Acc::<1>::EMPTY;
     visit::<FWD_UNROLL, Vec16, _>(
@@ -456,7 +487,18 @@ unsafe fn fwd_stats_rows<T: Element, const KV: usize>(
         },
     );
     let scratch = crate::shared_array!(Acc<1>, 384);
-    let total = block_reduce(acc, scratch, Acc::EMPTY, merge_moments, Acc::shfl);
+    block_reduce(acc, scratch, Acc::EMPTY, merge_moments, Acc::shfl)
+}
+
+#[inline(always)]
+unsafe fn fwd_stats_rows<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let w = rows_work(g, block_idx_x());
+    let total = fwd_moments_rows::<T, KV>(g, x, &w);
     if thread_idx_x() == 0 {
         let at = w.chunk * g.features + w.f0;
         write_partial(partials, at, total.n, total.a[0], total.b[0]);
@@ -573,9 +615,13 @@ fn plus(base: [u64; 6], o: [u64; 6]) -> [u64; 6] {
     core::array::from_fn(|k| base[k] + o[k])
 }
 
+/// The gradient sums of a rows block's work (every thread gets the block's total).
+///
+/// # Safety
+/// As `batch_norm_bwd_stats_rows_*`'s pointers; every thread of the block calls it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
+unsafe fn bwd_sums_rows<T: Element, const KV: usize>(
     p: &BatchNormStatsParams,
     x: *const T,
     y: *const T,
@@ -583,11 +629,10 @@ unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
     dz: *mut T,
     coef: *const BatchNormCoef,
     saved: *const f32,
-    partials: *mut BatchNormPartial,
-) {
+    w: &Work,
+) -> Acc<1> {
     let g = &p.geo;
     let relu = p.flags & bn_flags::RELU != 0;
-    let w = rows_work(g, block_idx_x());
     let base = g.feat.offsets(w.f0);
     let mean = saved_mean(p, w.f0, coef, saved);
     let at = #[inline(always)]
@@ -617,7 +662,24 @@ unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
         |acc, j, v| add(acc, j, v),
     );
     let scratch = crate::shared_array!(Acc<1>, 384);
-    let total = block_reduce(acc, scratch, Acc::EMPTY, merge_sums, Acc::shfl);
+    block_reduce(acc, scratch, Acc::EMPTY, merge_sums, Acc::shfl)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn bwd_stats_rows<T: Element, const KV: usize>(
+    p: &BatchNormStatsParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dz: *mut T,
+    coef: *const BatchNormCoef,
+    saved: *const f32,
+    partials: *mut BatchNormPartial,
+) {
+    let g = &p.geo;
+    let w = rows_work(g, block_idx_x());
+    let total = bwd_sums_rows::<T, KV>(p, x, y, dy, dz, coef, saved, &w);
     if thread_idx_x() == 0 {
         let at = w.chunk * g.features + w.f0;
         write_partial(partials, at, total.n, total.a[0], total.b[0]);
@@ -718,6 +780,18 @@ fn merge_total_sums(x: Total, y: Total) -> Total {
     }
 }
 
+impl Total {
+    /// A block's f32 total of one feature (what a single chunk's partial holds).
+    #[inline(always)]
+    fn of(acc: &Acc<1>) -> Self {
+        Total {
+            n: acc.n as f64,
+            a: acc.a[0] as f64,
+            b: acc.b[0] as f64,
+        }
+    }
+}
+
 /// The warp of feature `f` merges the feature's partials: lane `l` takes chunks `l, l+32,
 /// ..` in order (loaded four at a time), then a butterfly; lane 0's result is returned to
 /// lane 0 (the others' differ in rounding and are not used). `None` for warps past the
@@ -776,25 +850,59 @@ unsafe fn blend_into(p: *mut f32, alpha: f32, v: f64, beta: f32) {
     *p = out as f32;
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn fwd_finalize(
-    p: &BatchNormFinalizeParams,
-    partials: *const BatchNormPartial,
+/// The per-feature pointers of a forward finalize: `scale`, `bias` may be null (their
+/// coefficients are then 0); the running and saved ones are used only with their flags.
+#[derive(Clone, Copy)]
+struct FwdStatsOut {
     scale: *const f32,
     bias: *const f32,
     running_mean: *mut f32,
     running_var: *mut f32,
     saved_mean: *mut f32,
     saved_inv_std: *mut f32,
+}
+
+/// The forward finalize of a whole launch: one warp per feature.
+///
+/// # Safety
+/// As `batch_norm_fwd_finalize`.
+#[inline(always)]
+unsafe fn fwd_finalize(
+    p: &BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    out: &FwdStatsOut,
     coef: *mut BatchNormCoef,
 ) {
     let Some((f, t)) = warp_total(p.features, p.chunks, partials, merge_total_moments) else {
         return;
     };
-    if lane_id() != 0 {
-        return;
+    if lane_id() == 0 {
+        *coef.add(f as usize) = fwd_feature(p, f, t, out, true);
     }
+}
+
+/// Feature `f`'s coefficient `(mean, inv_std, scale * inv_std, bias)` from its moments;
+/// with `write`, also its saved and running statistics (exactly one thread per feature
+/// may write: the running update reads the old value).
+///
+/// # Safety
+/// The pointers of `out` cover the per-feature tensor (as their flags and nullness say).
+#[inline(always)]
+unsafe fn fwd_feature(
+    p: &BatchNormFinalizeParams,
+    f: u32,
+    t: Total,
+    out: &FwdStatsOut,
+    write: bool,
+) -> BatchNormCoef {
+    let FwdStatsOut {
+        scale,
+        bias,
+        running_mean,
+        running_var,
+        saved_mean,
+        saved_inv_std,
+    } = *out;
     let var = t.b / t.n;
     let inv_std = 1.0 / sqrt_f64(var + p.epsilon);
     let po = p.feat.offsets(f)[PARAM] as usize;
@@ -804,7 +912,10 @@ unsafe fn fwd_finalize(
         *scale.add(po) as f64 * inv_std
     };
     let b = if bias.is_null() { 0.0 } else { *bias.add(po) };
-    *coef.add(f as usize) = BatchNormCoef([t.a as f32, inv_std as f32, a as f32, b]);
+    let coef = BatchNormCoef([t.a as f32, inv_std as f32, a as f32, b]);
+    if !write {
+        return coef;
+    }
     if p.flags & bn_flags::SAVED != 0 {
         *saved_mean.add(po) = t.a as f32;
         *saved_inv_std.add(po) = inv_std as f32;
@@ -821,27 +932,62 @@ unsafe fn fwd_finalize(
             *rv = (keep * *rv as f64 + p.factor * unbiased) as f32;
         }
     }
+    coef
 }
 
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn bwd_finalize(
-    p: &BatchNormFinalizeParams,
-    partials: *const BatchNormPartial,
+/// The per-feature pointers of a backward finalize: `stats` (with `STATS_IN_WORKSPACE`,
+/// the forward coefficients) or the saved mean and inverse std, `scale`, and the outputs.
+#[derive(Clone, Copy)]
+struct BwdStatsOut {
     scale: *const f32,
     saved_mean: *const f32,
     saved_inv_std: *const f32,
     stats: *const BatchNormCoef,
     dscale: *mut f32,
     dbias: *mut f32,
+}
+
+/// The backward finalize of a whole launch: one warp per feature.
+///
+/// # Safety
+/// As `batch_norm_bwd_finalize`.
+#[inline(always)]
+unsafe fn bwd_finalize(
+    p: &BatchNormFinalizeParams,
+    partials: *const BatchNormPartial,
+    out: &BwdStatsOut,
     coef: *mut BatchNormCoef,
 ) {
     let Some((f, t)) = warp_total(p.features, p.chunks, partials, merge_total_sums) else {
         return;
     };
-    if lane_id() != 0 {
-        return;
+    if lane_id() == 0 {
+        *coef.add(f as usize) = bwd_feature(p, f, t, out, true);
     }
+}
+
+/// Feature `f`'s backward coefficient `(mean, c1, c2, c3)` from its gradient sums; with
+/// `write` (exactly one thread per feature), also its blended `dscale` and `dbias`.
+///
+/// # Safety
+/// The pointers of `out` cover the per-feature tensor (`stats` holds `features`
+/// coefficients with `STATS_IN_WORKSPACE`).
+#[inline(always)]
+unsafe fn bwd_feature(
+    p: &BatchNormFinalizeParams,
+    f: u32,
+    t: Total,
+    out: &BwdStatsOut,
+    write: bool,
+) -> BatchNormCoef {
+    let BwdStatsOut {
+        scale,
+        saved_mean,
+        saved_inv_std,
+        stats,
+        dscale,
+        dbias,
+    } = *out;
     let po = p.feat.offsets(f)[PARAM] as usize;
     let (mean, inv_std) = if p.flags & bn_flags::STATS_IN_WORKSPACE != 0 {
         let s = (*stats.add(f as usize)).0;
@@ -850,12 +996,14 @@ unsafe fn bwd_finalize(
         (*saved_mean.add(po), *saved_inv_std.add(po) as f64)
     };
     let ds = t.b * inv_std;
-    blend_into(dscale.add(po), p.alpha, ds, p.beta);
-    blend_into(dbias.add(po), p.alpha, t.a, p.beta);
+    if write {
+        blend_into(dscale.add(po), p.alpha, ds, p.beta);
+        blend_into(dbias.add(po), p.alpha, t.a, p.beta);
+    }
     let c1 = *scale.add(po) as f64 * inv_std;
     let c2 = -c1 * inv_std * ds / t.n;
     let c3 = -c1 * t.a / t.n;
-    *coef.add(f as usize) = BatchNormCoef([mean, c1 as f32, c2 as f32, c3 as f32]);
+    BatchNormCoef([mean, c1 as f32, c2 as f32, c3 as f32])
 }
 
 // ---------------------------------------------------------------------------------------
@@ -946,19 +1094,22 @@ unsafe fn load_fwd<T: Element, const KV: usize>(
     [load_last::<T, KV>(io.x, o[X]), z]
 }
 
-/// The forward apply pass over one thread's work: vector `i` at `base + red(i * mul)`.
+/// The forward apply pass over one thread's work: vector `i` at `base + red(i * mul)`,
+/// visited in order, or last to first with a nonzero `mirror` ([`mirror_of`]).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn fwd_apply<T: Element, const KV: usize>(
     p: &BatchNormApplyParams,
     io: FwdIo<T>,
     w: &Work,
+    mirror: u32,
     base: [u64; 6],
     mul: u32,
     c: &[[f32; 3]; KV],
 ) {
     let g = &p.geo;
     let at = #[inline(always)]
-    |i: u32| plus(base, g.red.offsets(i * mul));
+    |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
     visit::<FWD_UNROLL, FwdLoad, _>(
         w.range(),
         &mut (),
@@ -990,7 +1141,7 @@ unsafe fn fwd_apply_rows<T: Element, const KV: usize>(
     let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
     let base = g.feat.offsets(w.f0);
     let c = [fwd_coef(p, w.f0, coef, scale, bias, mean, var); KV];
-    fwd_apply::<T, KV>(p, io, &w, base, KV as u32, &c);
+    fwd_apply::<T, KV>(p, io, &w, 0, base, KV as u32, &c);
 }
 
 #[inline(always)]
@@ -1011,7 +1162,7 @@ unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
     }
     let c: [[f32; 3]; KV] =
         core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var));
-    fwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), 1, &c);
+    fwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), 1, &c);
 }
 
 /// The pointers of a backward apply pass.
@@ -1062,12 +1213,15 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
     }
 }
 
-/// The backward apply pass over one thread's work: vector `i` at `base + red(i * mul)`.
+/// The backward apply pass over one thread's work: vector `i` at `base + red(i * mul)`,
+/// visited in order, or last to first with a nonzero `mirror` ([`mirror_of`]).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn bwd_apply<T: Element, const KV: usize>(
     p: &BatchNormApplyParams,
     io: BwdIo<T>,
     w: &Work,
+    mirror: u32,
     base: [u64; 6],
     mul: u32,
     c: &[[f32; 4]; KV],
@@ -1075,7 +1229,7 @@ unsafe fn bwd_apply<T: Element, const KV: usize>(
     let g = &p.geo;
     let relu = p.flags & bn_flags::RELU != 0;
     let at = #[inline(always)]
-    |i: u32| plus(base, g.red.offsets(i * mul));
+    |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
     visit::<BWD_UNROLL, BwdLoad, _>(
         w.range(),
         &mut (),
@@ -1101,7 +1255,7 @@ unsafe fn bwd_apply_rows<T: Element, const KV: usize>(
     let g = &p.geo;
     let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
     let c = [(*coef.add(w.f0 as usize)).0; KV];
-    bwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), KV as u32, &c);
+    bwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), KV as u32, &c);
 }
 
 #[inline(always)]
@@ -1116,7 +1270,54 @@ unsafe fn bwd_apply_cols<T: Element, const KV: usize>(
         return;
     }
     let c: [[f32; 4]; KV] = core::array::from_fn(|e| (*coef.add(w.f0 as usize + e)).0);
-    bwd_apply::<T, KV>(p, io, &w, g.feat.offsets(w.f0), 1, &c);
+    bwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), 1, &c);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused training passes (one launch, a block per feature)
+// ---------------------------------------------------------------------------------------
+
+#[inline(always)]
+unsafe fn fwd_fused_rows<T: Element, const KV: usize>(
+    p: &BatchNormFusedParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+) {
+    let g = &p.apply.geo;
+    let w = rows_work(g, block_idx_x());
+    let total = fwd_moments_rows::<T, KV>(g, io.x, &w);
+    // Every thread has the block's total, which is the feature's: each finalizes it
+    // (the same value), thread 0 writes the per-feature outputs.
+    let t = Total::of(&total);
+    let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
+    let base = g.feat.offsets(w.f0);
+    let c = [[c[0], c[2], c[3]]; KV];
+    fwd_apply::<T, KV>(&p.apply, io, &w, mirror_of(&w), base, KV as u32, &c);
+}
+
+#[inline(always)]
+unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
+    p: &BatchNormFusedParams,
+    io: BwdIo<T>,
+    out: &BwdStatsOut,
+) {
+    let g = &p.apply.geo;
+    // The relu mask of the apply flags; the mean from the saved statistics.
+    let sp = BatchNormStatsParams {
+        geo: p.apply.geo,
+        flags: p.apply.flags & bn_flags::RELU,
+        _pad: 0,
+    };
+    let w = rows_work(g, block_idx_x());
+    // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
+    // STATS_IN_WORKSPACE); run-time pointers, not null constants (LLVM crashed on a load
+    // from a constant null in an untaken branch).
+    let total =
+        bwd_sums_rows::<T, KV>(&sp, io.x, io.y, io.dy, io.dz, out.stats, out.saved_mean, &w);
+    let t = Total::of(&total);
+    let c = bwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
+    let base = g.feat.offsets(w.f0);
+    bwd_apply::<T, KV>(&p.apply, io, &w, mirror_of(&w), base, KV as u32, &[c; KV]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1232,6 +1433,37 @@ macro_rules! batch_norm_entry_points {
                 let io = BwdIo { x, y, dy, dx, dz };
                 by_width!($T, p.geo.vector, bwd_apply_cols(&p, io, coef))
             }
+            /// # Safety
+            /// The pointers of the forward stats, finalize and apply kernels together (`z`
+            /// with `ADD`). Rows mapping with one chunk: a block per feature
+            /// (`features` blocks).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_fused_rows_ $dt>](
+                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
+                scale: *const f32, bias: *const f32, running_mean: *mut f32,
+                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+            ) {
+                let io = FwdIo { x, z, y };
+                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+                by_width!($T, p.apply.geo.vector, fwd_fused_rows(&p, io, &out))
+            }
+
+            /// # Safety
+            /// The pointers of the backward stats, finalize and apply kernels together
+            /// (statistics from `saved_mean`, `saved_inv_std`; `y` with `RELU`, `dz` with
+            /// `ADD`). Rows mapping with one chunk: a block per feature.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_fused_rows_ $dt>](
+                p: BatchNormFusedParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
+                saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz };
+                // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
+                let stats = saved_mean as *const BatchNormCoef;
+                let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
+                by_width!($T, p.apply.geo.vector, bwd_fused_rows(&p, io, &out))
+            }
         }
     };
 }
@@ -1256,17 +1488,15 @@ pub unsafe extern "ptx-kernel" fn batch_norm_fwd_finalize(
     saved_inv_std: *mut f32,
     coef: *mut BatchNormCoef,
 ) {
-    fwd_finalize(
-        &p,
-        partials,
+    let out = FwdStatsOut {
         scale,
         bias,
         running_mean,
         running_var,
         saved_mean,
         saved_inv_std,
-        coef,
-    )
+    };
+    fwd_finalize(&p, partials, &out, coef)
 }
 
 /// # Safety
@@ -1287,15 +1517,13 @@ pub unsafe extern "ptx-kernel" fn batch_norm_bwd_finalize(
     dbias: *mut f32,
     coef: *mut BatchNormCoef,
 ) {
-    bwd_finalize(
-        &p,
-        partials,
+    let out = BwdStatsOut {
         scale,
         saved_mean,
         saved_inv_std,
         stats,
         dscale,
         dbias,
-        coef,
-    )
+    };
+    bwd_finalize(&p, partials, &out, coef)
 }

@@ -163,6 +163,22 @@ pub struct BatchNormApplyParams {
     pub epsilon: f32,
 }
 
+/// Parameters of `batch_norm_{fwd,bwd}_fused_rows_*`: a whole training pass in one launch
+/// when a block holds a feature's whole reduction (rows mapping, one chunk, a block per
+/// feature). Each block reduces its feature as a stats kernel would (geometry
+/// `apply.geo`), finalizes it from the block total (every thread computes the
+/// coefficient; thread 0 writes the per-feature outputs), then applies it to the same
+/// elements, visited last to first (the data read last, still in L1/L2, comes first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchNormFusedParams {
+    /// Geometry, apply flags ([`bn_flags::ADD`], [`bn_flags::RELU`]) and blend factors of
+    /// the data outputs.
+    pub apply: BatchNormApplyParams,
+    /// Finalize flags, epsilon, running-average factor and the parameter-gradient blend.
+    pub finalize: BatchNormFinalizeParams,
+}
+
 /// A chunk's partial statistics of one feature, as the workspace holds them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

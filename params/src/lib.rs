@@ -21,8 +21,8 @@ mod softmax;
 
 pub use batch_norm::{
     bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
-    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormStatsParams,
+    BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
     conv_igemm_table_bytes, conv_wgmma_shared_bytes, conv_wgmma_stages, ConvDepthwiseParams,

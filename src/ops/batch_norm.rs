@@ -12,7 +12,9 @@
 //! the GPU reduces each feature in chunks, leaves the chunks' partial statistics there and
 //! combines them in a fixed order, so results are deterministic (bitwise, for a given
 //! shape and device) without atomics. Statistics are Welford/Chan moments, accumulated in
-//! f32 and combined across chunks in f64.
+//! f32 and combined across chunks in f64. Where one chunk per feature fills the GPU (NCHW
+//! with many channels of short reductions), a block per feature reduces, finalizes and
+//! normalizes its feature in a single launch.
 //!
 //! ```
 //! use oxidnn::*;
@@ -52,9 +54,9 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference::batch_norm as reference;
 use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
-    bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormGeometry,
-    BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES,
-    BN_FINALIZE_THREADS_PER_FEATURE,
+    bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormFusedParams,
+    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS,
+    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -352,6 +354,31 @@ struct Plan {
     stats_threads: u32,
     apply_blocks: u32,
     apply_threads: u32,
+    /// The fused (one-launch) training kernels' plan.
+    fused: FusedPlan,
+}
+
+/// The fused (one-launch) training kernels' plan: for the rows mapping when the stats
+/// kernels would take one chunk per feature anyway (many features of short reductions,
+/// e.g. NCHW 512x28x28 to 2048x7x7 at N = 32), one block per feature reduces it,
+/// finalizes it and normalizes it: no partials, no finalize launch, no apply launch.
+struct FusedPlan {
+    /// The stats geometry with one chunk per feature.
+    geo: BatchNormGeometry,
+    threads: u32,
+    /// Whether the problem takes the fused kernels.
+    usable: bool,
+}
+
+impl FusedPlan {
+    fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: self.geo.features,
+            grid_y: 1,
+            block: self.threads,
+            shared_bytes: 0,
+        }
+    }
 }
 
 /// Logical dims of `x` that index features and that are reduced.
@@ -519,6 +546,11 @@ impl Occupancy {
         let shape = (self.sms, self.apply, self.apply_threads);
         chunks_for(mode, x_desc, shape, LOADS_PER_GROUP)
     }
+
+    /// Whether a problem takes the fused kernels: rows mapping, one chunk per feature.
+    fn fused_fits(&self, mode: BatchNormMode, x_desc: &TensorDescriptor) -> bool {
+        !use_cols(mode, x_desc) && self.stats_chunks(mode, x_desc) == 1
+    }
 }
 
 /// Bytes of the workspace regions: partials, then the forward coefficients, then (backward)
@@ -671,6 +703,7 @@ fn plan_problem(
     };
     let (geo, blocks) = split(occ.stats_chunks(mode, x_desc))?;
     let (apply_geo, apply_blocks) = split(occ.apply_chunks(mode, x_desc))?;
+    let (fused_geo, _) = split(1)?;
     Ok(Plan {
         geo,
         apply_geo,
@@ -679,6 +712,11 @@ fn plan_problem(
         stats_threads: occ.stats_threads,
         apply_blocks,
         apply_threads: occ.apply_threads,
+        fused: FusedPlan {
+            geo: fused_geo,
+            threads: BN_BLOCK_THREADS,
+            usable: occ.fused_fits(mode, x_desc),
+        },
     })
 }
 
@@ -688,6 +726,15 @@ fn stats_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static s
         (true, true) => kernels::batch_norm_fwd_stats_cols(dtype),
         (false, false) => kernels::batch_norm_bwd_stats_rows(dtype),
         (false, true) => kernels::batch_norm_bwd_stats_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+fn fused_kernel(dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = if forward {
+        kernels::batch_norm_fwd_fused_rows(dtype)
+    } else {
+        kernels::batch_norm_bwd_fused_rows(dtype)
     };
     k.ok_or_else(|| unsupported_dtype(dtype))
 }
@@ -920,7 +967,6 @@ pub fn batch_norm_forward_training(
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let (partials, coef) = (ws + layout.partials as u64, ws + layout.coef as u64);
-            stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
             let mut flags = 0;
             let mut ptrs = [0u64; 4]; // running mean, running var, saved mean, saved inv std
             let mut factor = 0.0;
@@ -938,9 +984,45 @@ pub fn batch_norm_forward_training(
                 ptrs[2] = device_ptr_mut(gpu, s.mean)?;
                 ptrs[3] = device_ptr_mut(gpu, s.inv_std)?;
             }
+            let (scale_ptr, bias_ptr) = (device_ptr(gpu, scale)?, device_ptr(gpu, bias)?);
+            if plan.fused.usable {
+                let fused = &plan.fused;
+                let mut fp = plan.finalize_params(flags, bn.epsilon);
+                fp.chunks = 1;
+                fp.factor = factor;
+                let mut ap = apply_params(&plan, bn, alpha32, beta32, 0);
+                ap.geo = fused.geo;
+                let params = BatchNormFusedParams {
+                    apply: ap,
+                    finalize: fp,
+                };
+                let pointers = [
+                    x_ptr,
+                    z_ptr.unwrap_or(0),
+                    y_ptr,
+                    scale_ptr,
+                    bias_ptr,
+                    ptrs[0],
+                    ptrs[1],
+                    ptrs[2],
+                    ptrs[3],
+                ];
+                // SAFETY: as for the stats, finalize and apply launches below together:
+                // x, z (with ADD) and y hold their descriptors' spans, which the
+                // geometry's offsets stay inside; the per-feature pointers cover bn_desc's
+                // span (checked), the running and saved ones used only with their flags.
+                return unsafe {
+                    gpu.launch(
+                        fused_kernel(dtype, true)?,
+                        fused.config(),
+                        &params,
+                        &pointers,
+                    )
+                };
+            }
+            stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
             let mut fp = plan.finalize_params(flags, bn.epsilon);
             fp.factor = factor;
-            let (scale_ptr, bias_ptr) = (device_ptr(gpu, scale)?, device_ptr(gpu, bias)?);
             // SAFETY: the partials were written by the stats launch above (same stream);
             // every per-feature pointer covers bn_desc's span (checked), which the
             // PARAM offsets of the feature map stay inside; coef holds `features` entries.
@@ -1266,6 +1348,42 @@ pub fn batch_norm_backward(
             let partials = ws + layout.partials as u64;
             let (fwd_coef, bwd_coef) = (ws + layout.coef as u64, ws + layout.bwd_coef as u64);
             let scale_ptr = device_ptr(gpu, scale)?;
+            if let (Some(s), true) = (saved, plan.fused.usable) {
+                let fused = &plan.fused;
+                let mut fp = plan.finalize_params(0, bn.epsilon);
+                fp.chunks = 1;
+                fp.alpha = alpha_p;
+                fp.beta = beta_p;
+                let mut ap = apply_params(&plan, bn, alpha_d, beta_d, 0);
+                ap.geo = fused.geo;
+                let params = BatchNormFusedParams {
+                    apply: ap,
+                    finalize: fp,
+                };
+                let pointers = [
+                    x_ptr,
+                    y_ptr.unwrap_or(0),
+                    dy_ptr,
+                    dx_ptr,
+                    dz_ptr.unwrap_or(0),
+                    scale_ptr,
+                    device_ptr(gpu, s.mean)?,
+                    device_ptr(gpu, s.inv_std)?,
+                    device_ptr_mut(gpu, dscale)?,
+                    device_ptr_mut(gpu, dbias)?,
+                ];
+                // SAFETY: as for the stats, finalize and apply launches below together:
+                // x, y (with RELU), dy, dx and dz (with ADD) hold their descriptors' spans;
+                // the per-feature pointers cover bn_desc's span (checked).
+                return unsafe {
+                    gpu.launch(
+                        fused_kernel(dtype, false)?,
+                        fused.config(),
+                        &params,
+                        &pointers,
+                    )
+                };
+            }
             let mut flags = 0;
             let (saved_mean, saved_inv) = match saved {
                 Some(s) => (device_ptr(gpu, s.mean)?, device_ptr(gpu, s.inv_std)?),
@@ -1476,5 +1594,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fused kernels take rows problems whose stats pass would give each feature one
+    /// chunk (a block per feature), and nothing else.
+    #[test]
+    fn fused_kernels_take_rows_problems_of_one_chunk_per_feature() {
+        let cases = [
+            ([32usize, 2048, 7, 7], BatchNormMode::Spatial),
+            ([32, 1024, 14, 14], BatchNormMode::Spatial),
+            ([32, 64, 112, 112], BatchNormMode::Spatial),
+            ([4, 64, 8, 8], BatchNormMode::PerActivation),
+        ];
+        for (dims, mode) in cases {
+            for layout in [crate::Layout::ChannelsFirst, crate::Layout::ChannelsLast] {
+                let [n, c, h, w] = dims;
+                let x = TensorDescriptor::nchw_with(DataType::F16, n, c, h, w, layout).unwrap();
+                let p = derive_batch_norm_descriptor(&x, mode).unwrap();
+                let plan =
+                    plan_problem(mode, &x, &p, &fake_ops(&[(X, &x), (Y, &x)]), H100).unwrap();
+                let one_chunk = plan.geo.chunks == 1;
+                assert_eq!(plan.fused.usable, !plan.cols && one_chunk, "{x:?} {mode:?}");
+                assert_eq!(plan.fused.geo.chunks, 1);
+                assert_eq!(plan.fused.config().grid, plan.geo.features);
+            }
+        }
+        let nchw = |c, hw| TensorDescriptor::nchw(DataType::F32, 32, c, hw, hw).unwrap();
+        let takes = |x: &TensorDescriptor| {
+            let p = derive_batch_norm_descriptor(x, BatchNormMode::Spatial).unwrap();
+            let ops = fake_ops(&[(X, x), (Y, x)]);
+            let plan = plan_problem(BatchNormMode::Spatial, x, &p, &ops, H100).unwrap();
+            plan.fused.usable
+        };
+        assert!(takes(&nchw(2048, 7)) && takes(&nchw(1024, 14)));
+        assert!(!takes(&nchw(64, 112)));
     }
 }
