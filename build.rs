@@ -242,15 +242,19 @@ fn declare_dynamic_smem(ptx: &str) -> String {
 /// The 64 x 64 short-K matmul tile's `cp.async` kernels: 4 blocks of 4 warps at 128
 /// registers (157 unbounded, 3 blocks; 16-bit: 0-4 B of spills, tf32: up to 116 B); its 2
 /// stages (32 KB) let 4 blocks share an SM's shared memory. (The gather kernels, `gg`,
-/// would spill over 1 KB.) The TMA `wgmma` kernels: one block of three
-/// warpgroups (168 registers each at launch), which `setmaxnreg` then moves from the
-/// producer warpgroup to the consumers.
+/// would spill over 1 KB.)
+/// The exact-f32 implicit GEMM's 64 x 128 tile: 2 blocks of 8 warps at 128 registers, no
+/// spills (unbounded, ptxas 12.9 gave its `kp` kernel 137: one block per SM). (Its 128 x 64
+/// tile comes out at 127 unbounded; bounded, its `kp` kernel spilled 12 B.)
+/// The TMA `wgmma` kernels: one block of three warpgroups (168 registers each at launch),
+/// which `setmaxnreg` then moves from the producer warpgroup to the consumers.
 const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     ("wgmma_matmul_tma_", 384, 1),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),
     ("matmul_mma_64x64s_nn_", 128, 4),
+    ("conv_fwd_implicit_gemm_64x128_", 256, 2),
 ];
 
 /// Adds `.maxntid` / `.minnctapersm` to the entries [`MIN_BLOCKS_PER_SM`] names, after

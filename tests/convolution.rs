@@ -1182,6 +1182,312 @@ fn implicit_gemm_is_exact_on_resnet_like_layers() {
     });
 }
 
+// ---------------------------------------------------------------------------------------
+// ImplicitGemm split-K
+// ---------------------------------------------------------------------------------------
+
+/// Problems whose output tiles alone would leave most of an H100's 132 SMs idle (one or
+/// two images, small outputs, long K), so that the exact-f32 implicit GEMM splits K.
+fn split_k_cases() -> Vec<Case> {
+    let first = Layout::ChannelsFirst;
+    [
+        // K = 131 * 9 = 1179: partitions of whole K tiles that do not divide it.
+        ((1, 131, 64, [7, 7]), (3, 1, 1, 1, 1), first, XCORR),
+        // res5b_branch2a at N = 1: a 1x1 over 2048 channels.
+        ((1, 2048, 512, [7, 7]), (1, 0, 1, 1, 1), first, XCORR),
+        // Channels-last (`pk` kernels: pixels as the GEMM's rows).
+        (
+            (2, 256, 96, [5, 6]),
+            (3, 1, 1, 1, 1),
+            Layout::ChannelsLast,
+            XCORR,
+        ),
+        // Two groups, each with its own partitions.
+        ((1, 128, 64, [7, 7]), (3, 1, 1, 1, 2), first, XCORR),
+        // Convolution mode, stride, dilation, padding.
+        (
+            (1, 200, 70, [9, 9]),
+            (3, 2, 2, 2, 1),
+            first,
+            ConvMode::Convolution,
+        ),
+    ]
+    .into_iter()
+    .map(|(dims, geo, layout, mode)| case2d(DataType::F32, MathType::Fma, dims, geo, layout, mode))
+    .collect()
+}
+
+fn implicit_gemm_workspace(h: &Handle, case: &Case) -> usize {
+    convolution_forward_workspace_size(
+        h,
+        &case.x,
+        &case.w,
+        &case.conv,
+        &case.y,
+        ConvFwdAlgo::ImplicitGemm,
+    )
+    .unwrap()
+}
+
+/// The exact-f32 implicit GEMM asks for a workspace (split-K) exactly where its tile grid
+/// is small: ResNet-50's res5a_branch2b at N = 32 (1568 pixels x 512 channels, K = 4608)
+/// but not res2a_branch2b (100352 pixels); `get` reports the workspace and determinism.
+#[test]
+fn implicit_gemm_splits_k_only_where_the_tiles_leave_sms_idle() {
+    for h in handles() {
+        let res = |c: usize, k: usize, hw: usize| {
+            case2d(
+                DataType::F32,
+                MathType::Fma,
+                (32, c, k, [hw, hw]),
+                (3, 1, 1, 1, 1),
+                Layout::ChannelsFirst,
+                XCORR,
+            )
+        };
+        let (small, large) = (res(512, 512, 7), res(64, 64, 56));
+        let need = implicit_gemm_workspace(h, &small);
+        // Partitions of f32 partial sums over the whole output, at least two.
+        let out = small.y.dims().iter().product::<usize>() * 4;
+        assert!(
+            need >= 2 * out && need.is_multiple_of(out),
+            "{need} vs {out}"
+        );
+        assert_eq!(implicit_gemm_workspace(h, &large), 0);
+        let perf = get_convolution_forward_algorithm(h, &small.x, &small.w, &small.conv, &small.y)
+            .unwrap()
+            .into_iter()
+            .find(|p| p.algo == ConvFwdAlgo::ImplicitGemm)
+            .unwrap();
+        assert_eq!(perf.workspace_bytes, need);
+        assert!(perf.deterministic && !perf.reduced_precision);
+    }
+}
+
+/// Under split-K the result is still exact on integers, and beta, the bias, the residual
+/// and relu are applied once (by the reduction), not once per partition.
+#[test]
+fn implicit_gemm_split_k_is_exact_and_applies_the_epilogue_once() {
+    with_gpu(
+        "implicit_gemm_split_k_is_exact_and_applies_the_epilogue_once",
+        |h| {
+            for (i, case) in split_k_cases().into_iter().enumerate() {
+                assert!(
+                    implicit_gemm_workspace(h, &case) > 0,
+                    "case {i} does not split K"
+                );
+                check_forced(h, case, ConvFwdAlgo::ImplicitGemm, true, 50 + i as u64);
+            }
+        },
+    );
+}
+
+/// Split-K adds its partitions in a fixed order: two runs on the same (non-integer) data
+/// are bitwise equal, and within f32 rounding of the reference.
+#[test]
+fn implicit_gemm_split_k_is_deterministic() {
+    with_gpu("implicit_gemm_split_k_is_deterministic", |h| {
+        for (i, case) in split_k_cases().into_iter().enumerate() {
+            let inputs = Inputs::draw(&case, false, &mut rng(70 + i as u64));
+            let want = inputs.reference(&case);
+            let (x, w) = (
+                h.upload_tensor(&inputs.x).unwrap(),
+                h.upload_tensor(&inputs.w).unwrap(),
+            );
+            let mut ws = h.alloc_bytes(implicit_gemm_workspace(h, &case)).unwrap();
+            let mut run = || {
+                let mut y = upload_poisoned(h, &inputs.y0, true);
+                convolution_forward(
+                    h,
+                    1.0,
+                    &case.x,
+                    &x,
+                    &case.w,
+                    &w,
+                    &case.conv,
+                    ConvFwdAlgo::ImplicitGemm,
+                    Some(&mut ws),
+                    0.0,
+                    &case.y,
+                    &mut y,
+                )
+                .unwrap();
+                y
+            };
+            let (first, second) = (run(), run());
+            let perf = ConvFwdAlgoPerf {
+                algo: ConvFwdAlgo::ImplicitGemm,
+                time_ms: 0.0,
+                workspace_bytes: 0,
+                deterministic: true,
+                reduced_precision: false,
+            };
+            check(
+                h,
+                &case.y,
+                &first,
+                &want,
+                case.tolerance(&perf),
+                &format!("case {i}"),
+            );
+            assert_eq!(
+                h.read_bytes(&first).unwrap(),
+                h.read_bytes(&second).unwrap(),
+                "case {i}: two runs differ"
+            );
+        }
+    });
+}
+
+/// A split-K plan refuses a workspace one byte short, or none.
+#[test]
+fn implicit_gemm_split_k_refuses_a_short_workspace() {
+    with_gpu("implicit_gemm_split_k_refuses_a_short_workspace", |h| {
+        let case = &split_k_cases()[0];
+        let need = implicit_gemm_workspace(h, case);
+        let (x, w) = (h.alloc(&case.x).unwrap(), h.alloc(case.w.tensor()).unwrap());
+        let mut y = h.alloc(&case.y).unwrap();
+        let mut short = h.alloc_bytes(need - 1).unwrap();
+        for ws in [Some(&mut short), None] {
+            let r = convolution_forward(
+                h,
+                1.0,
+                &case.x,
+                &x,
+                &case.w,
+                &w,
+                &case.conv,
+                ConvFwdAlgo::ImplicitGemm,
+                ws,
+                0.0,
+                &case.y,
+                &mut y,
+            );
+            assert!(
+                matches!(r, Err(Error::WorkspaceTooSmall { required_bytes, .. }) if required_bytes == need),
+                "{r:?}"
+            );
+        }
+    });
+}
+
+/// Tuning aid for the exact-f32 implicit GEMM's plan (run alone: it sets
+/// `OXIDNN_CONV_IGEMM_FMA`, a process-wide variable): every ResNet-50 layer (f32 NCHW,
+/// N = 32) under the heuristic's plan and under each forced tile and split, timed on the
+/// host clock around 10 queued calls. Lines `PLAN layer plan µs`, then per layer `BEST`.
+#[test]
+#[ignore]
+fn time_implicit_gemm_plans() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    const VAR: &str = "OXIDNN_CONV_IGEMM_FMA";
+    // (name, C, H = W, K, filter, stride, pad) of benches/shapes/resnet50.txt.
+    let layers = [
+        ("conv1", 3, 224, 64, 7, 2, 3),
+        ("res2a_branch1", 64, 56, 256, 1, 1, 0),
+        ("res2a_branch2a", 64, 56, 64, 1, 1, 0),
+        ("res2a_branch2b", 64, 56, 64, 3, 1, 1),
+        ("res2b_branch2a", 256, 56, 64, 1, 1, 0),
+        ("res3a_branch1", 256, 56, 512, 1, 2, 0),
+        ("res3a_branch2a", 256, 56, 128, 1, 2, 0),
+        ("res3a_branch2b", 128, 28, 128, 3, 1, 1),
+        ("res3a_branch2c", 128, 28, 512, 1, 1, 0),
+        ("res3b_branch2a", 512, 28, 128, 1, 1, 0),
+        ("res4a_branch1", 512, 28, 1024, 1, 2, 0),
+        ("res4a_branch2a", 512, 28, 256, 1, 2, 0),
+        ("res4a_branch2b", 256, 14, 256, 3, 1, 1),
+        ("res4a_branch2c", 256, 14, 1024, 1, 1, 0),
+        ("res4b_branch2a", 1024, 14, 256, 1, 1, 0),
+        ("res5a_branch1", 1024, 14, 2048, 1, 2, 0),
+        ("res5a_branch2a", 1024, 14, 512, 1, 2, 0),
+        ("res5a_branch2b", 512, 7, 512, 3, 1, 1),
+        ("res5a_branch2c", 512, 7, 2048, 1, 1, 0),
+        ("res5b_branch2a", 2048, 7, 512, 1, 1, 0),
+        ("res3a_branch2a_v1.5", 256, 56, 128, 1, 1, 0),
+        ("res3a_branch2b_v1.5", 128, 56, 128, 3, 2, 1),
+        ("res4a_branch2a_v1.5", 512, 28, 256, 1, 1, 0),
+        ("res4a_branch2b_v1.5", 256, 28, 256, 3, 2, 1),
+        ("res5a_branch2a_v1.5", 1024, 14, 512, 1, 1, 0),
+        ("res5a_branch2b_v1.5", 512, 14, 512, 3, 2, 1),
+    ];
+    let mut forced = vec![];
+    for tile in ["128x128", "64x128", "128x64", "64x64"] {
+        for splits in [1, 2, 3, 4, 6, 8, 12, 16] {
+            forced.push(format!("{tile}s{splits}"));
+        }
+    }
+    let mut r = rng(11);
+    for (name, c, hw, k, f, stride, pad) in layers {
+        let case = case2d(
+            DataType::F32,
+            MathType::Fma,
+            (32, c, k, [hw, hw]),
+            (f, pad, stride, 1, 1),
+            Layout::ChannelsFirst,
+            XCORR,
+        );
+        let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
+        let w = h
+            .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+            .unwrap();
+        let mut y = h.alloc(&case.y).unwrap();
+        let mut time = |plan: Option<&str>| -> Option<f64> {
+            match plan {
+                Some(v) => std::env::set_var(VAR, v),
+                None => std::env::remove_var(VAR),
+            }
+            let need = implicit_gemm_workspace(h, &case);
+            if need > 1 << 29 {
+                return None;
+            }
+            let mut ws = h.alloc_bytes(need.max(1)).unwrap();
+            let mut call = || {
+                convolution_forward(
+                    h,
+                    1.0,
+                    &case.x,
+                    &x,
+                    &case.w,
+                    &w,
+                    &case.conv,
+                    ConvFwdAlgo::ImplicitGemm,
+                    Some(&mut ws),
+                    0.0,
+                    &case.y,
+                    &mut y,
+                )
+                .unwrap()
+            };
+            call();
+            call();
+            h.synchronize().unwrap();
+            let start = std::time::Instant::now();
+            for _ in 0..10 {
+                call();
+            }
+            h.synchronize().unwrap();
+            Some(start.elapsed().as_secs_f64() / 10.0 * 1e6)
+        };
+        let default = time(None).unwrap_or(f64::NAN);
+        println!("PLAN {name} heuristic {default:.1}");
+        let mut best = ("heuristic".to_string(), default);
+        for plan in &forced {
+            if let Some(us) = time(Some(plan)) {
+                println!("PLAN {name} {plan} {us:.1}");
+                if us < best.1 {
+                    best = (plan.clone(), us);
+                }
+            }
+        }
+        std::env::remove_var(VAR);
+        println!(
+            "BEST {name} heuristic {default:.1} best {} {:.1}",
+            best.0, best.1
+        );
+    }
+}
+
 #[test]
 fn depthwise_matches_the_reference_on_mobilenet_like_layers() {
     with_gpu(

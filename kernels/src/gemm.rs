@@ -513,6 +513,38 @@ pub unsafe fn fma_tile<
     row0: u32,
     col0: u32,
 ) {
+    fma_tile_ahead::<BM, BN, HM, HN, PA, PB, false, GA, GB, EP>(ga, gb, k, smem, ep, row0, col0)
+}
+
+/// [`fma_tile`], with each K tile's elements fetched two K tiles before they are staged
+/// when `TWO_AHEAD` (one set of `PA + PB` registers more): two tiles' arithmetic, not
+/// one, hides the gathers' latency. For gathers whose loads are slow to land (an
+/// implicit GEMM's im2col reads) when registers allow; `false` is [`fma_tile`].
+///
+/// # Safety
+/// As [`fma_tile`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fma_tile_ahead<
+    const BM: u32,
+    const BN: u32,
+    const HM: usize,
+    const HN: usize,
+    const PA: usize,
+    const PB: usize,
+    const TWO_AHEAD: bool,
+    GA: Gather<PA>,
+    GB: Gather<PB>,
+    EP: Epilogue,
+>(
+    ga: &GA,
+    gb: &GB,
+    k: u32,
+    smem: u32,
+    ep: &EP,
+    row0: u32,
+    col0: u32,
+) {
     let a_bytes = FMA_BK * (BM + 4) * 4;
     let b_bytes = FMA_BK * (BN + 4) * 4;
     let a_stage = |s: u32| smem + s * a_bytes;
@@ -525,15 +557,25 @@ pub unsafe fn fma_tile<
 
     fma_stage::<BM, PA>(ka, a_stage(0), ga.fetch(0));
     fma_stage::<BN, PB>(kb, b_stage(0), gb.fetch(0));
+    // TWO_AHEAD: tile kt + 1's elements, fetched one iteration before they are staged.
+    let mut near_a = [0f32; PA];
+    let mut near_b = [0f32; PB];
+    if TWO_AHEAD && 1 < k_tiles {
+        near_a = ga.fetch(1);
+        near_b = gb.fetch(1);
+    }
     sync_threads();
     for kt in 0..k_tiles {
         let cur = kt & 1;
         let more = kt + 1 < k_tiles;
         let mut next_a = [0f32; PA];
         let mut next_b = [0f32; PB];
-        if more {
+        if !TWO_AHEAD && more {
             next_a = ga.fetch(kt + 1);
             next_b = gb.fetch(kt + 1);
+        } else if TWO_AHEAD && kt + 2 < k_tiles {
+            next_a = ga.fetch(kt + 2);
+            next_b = gb.fetch(kt + 2);
         }
         let (at, bt) = (a_stage(cur), b_stage(cur));
         unrolled!(kk in FMA_BK as usize => {
@@ -559,8 +601,14 @@ pub unsafe fn fma_tile<
             });
         });
         if more {
-            fma_stage::<BM, PA>(ka, a_stage(cur ^ 1), next_a);
-            fma_stage::<BN, PB>(kb, b_stage(cur ^ 1), next_b);
+            if TWO_AHEAD {
+                fma_stage::<BM, PA>(ka, a_stage(cur ^ 1), near_a);
+                fma_stage::<BN, PB>(kb, b_stage(cur ^ 1), near_b);
+                (near_a, near_b) = (next_a, next_b);
+            } else {
+                fma_stage::<BM, PA>(ka, a_stage(cur ^ 1), next_a);
+                fma_stage::<BN, PB>(kb, b_stage(cur ^ 1), next_b);
+            }
         }
         sync_threads();
     }

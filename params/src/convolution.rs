@@ -214,6 +214,14 @@ pub const CONV_WINOGRAD_THREADS: u32 = 256;
 /// tap`, `kp` kernels) or channel-inner (`kk = tap * c_per_group + c`, `pk` kernels).
 /// `kp` kernels make the output channels the GEMM's rows and the pixels its columns (for
 /// pixel-contiguous x and y, NCHW); `pk` kernels the other way round (channels-last).
+///
+/// Split-K (`splits > 1`): K is cut into `splits` partitions of `split_k` products (the
+/// last one shorter); the grid's x is `splits * tiles_m * tiles_n`, block `b` computing
+/// partition `b / (tiles_m * tiles_n)` of tile `b % (tiles_m * tiles_n)`. Each block
+/// stores its raw partial sums to the workspace, GEMM element `(row, col)` of group `g`,
+/// partition `s` at `((g * splits + s) * rows + row) * cols + col` (`rows x cols` the
+/// group's GEMM), and `conv_fwd_implicit_gemm_reduce_<kp|pk>_f32` then adds the
+/// partitions in order `0, 1, ..` (deterministic) and applies the epilogue once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ConvImplicitGemmParams {
@@ -230,7 +238,15 @@ pub struct ConvImplicitGemmParams {
     /// Output tiles along the GEMM's rows and columns.
     pub tiles_m: u32,
     pub tiles_n: u32,
+    /// K partitions (1: no split-K, the blocks apply the epilogue themselves).
+    pub splits: u32,
+    /// Products per partition: a multiple of [`crate::FMA_BK`] when `splits > 1`, else
+    /// `gemm_k`.
+    pub split_k: u32,
 }
+
+/// Threads per block of `conv_fwd_implicit_gemm_reduce_*` (one pair of columns each).
+pub const CONV_IGEMM_REDUCE_THREADS: u32 = 256;
 
 /// Most filter taps (`t * r * s`) the implicit-GEMM kernels keep offset tables for in
 /// shared memory.

@@ -333,7 +333,8 @@ pub enum ConvFwdAlgo {
     /// precision (its transforms round); never used under exact `Fma` math.
     Winograd,
     /// Implicit GEMM on CUDA cores with exact f32 FMA (any layout), filter-tap offset
-    /// tables in shared memory.
+    /// tables in shared memory; split-K (a workspace of partial sums, reduced in a fixed
+    /// order) where the output tiles alone would leave SMs idle.
     ImplicitGemm,
     /// One thread per output element: any problem, the always-correct fallback.
     Direct,
@@ -355,7 +356,7 @@ impl ConvFwdAlgo {
     ];
 
     /// Whether results are bitwise the same from run to run (every algorithm here: none
-    /// uses atomics).
+    /// uses atomics; the implicit GEMM's split-K adds its partitions in a fixed order).
     pub fn deterministic(self) -> bool {
         true
     }
@@ -536,7 +537,7 @@ pub fn convolution_forward_with(
         }
         Backend::Gpu(gpu) => {
             problem.check_algorithm(algo, Some(gpu))?;
-            let needed = problem.workspace_bytes(algo);
+            let needed = problem.workspace_bytes(algo, Some(gpu));
             let workspace = match workspace {
                 Some(ws) if needed > 0 => {
                     if ws.len_bytes() < needed {
@@ -546,7 +547,7 @@ pub fn convolution_forward_with(
                         });
                     }
                     handle.check_owner("workspace", ws)?;
-                    Some(device_ptr_mut(gpu, ws)?)
+                    Some((device_ptr_mut(gpu, ws)?, ws.len_bytes()))
                 }
                 None if needed > 0 => {
                     return Err(Error::WorkspaceTooSmall {
@@ -576,7 +577,8 @@ pub fn convolution_forward_with(
                         Some(z) => device_ptr(gpu, z.data)?,
                         None => 0,
                     },
-                    workspace: workspace.unwrap_or(0),
+                    workspace: workspace.map_or(0, |(ptr, _)| ptr),
+                    workspace_bytes: workspace.map_or(0, |(_, bytes)| bytes),
                 },
             };
             problem.launch(algo, &call, y)
@@ -602,7 +604,7 @@ pub fn convolution_forward_workspace_size(
         &ConvEpilogue::default(),
     )?;
     problem.check_algorithm(algo, gpu_of(handle))?;
-    Ok(problem.workspace_bytes(algo))
+    Ok(problem.workspace_bytes(algo, gpu_of(handle)))
 }
 
 /// The algorithms that accept this problem, best first by a heuristic (no launch, no
@@ -626,7 +628,7 @@ pub fn get_convolution_forward_algorithm(
     let mut ranked: Vec<ConvFwdAlgoPerf> = problem
         .accepted(gpu_of(handle))
         .into_iter()
-        .map(|algo| problem.perf(algo, f32::NAN))
+        .map(|algo| problem.perf(algo, f32::NAN, gpu_of(handle)))
         .collect();
     ranked.sort_by_key(|p| problem.preference(p.algo));
     Ok(ranked)
@@ -671,7 +673,7 @@ pub fn find_convolution_forward_algorithm(
         None => {
             let most = candidates
                 .iter()
-                .map(|&a| problem.workspace_bytes(a))
+                .map(|&a| problem.workspace_bytes(a, Some(gpu)))
                 .max()
                 .unwrap_or(0);
             owned = handle.alloc_bytes(most.max(1))?;
@@ -680,7 +682,7 @@ pub fn find_convolution_forward_algorithm(
     };
     let mut ranked = Vec::new();
     for algo in candidates {
-        let bytes = problem.workspace_bytes(algo);
+        let bytes = problem.workspace_bytes(algo, Some(gpu));
         if bytes > workspace.len_bytes() {
             continue;
         }
@@ -706,7 +708,7 @@ pub fn find_convolution_forward_algorithm(
             times.push(gpu.time(&mut call)?);
         }
         times.sort_by(f32::total_cmp);
-        ranked.push(problem.perf(algo, times[times.len() / 2]));
+        ranked.push(problem.perf(algo, times[times.len() / 2], Some(gpu)));
     }
     ranked.sort_by(|a, b| a.time_ms.total_cmp(&b.time_ms));
     handle.cache_conv_find(key, ranked.clone());
@@ -727,6 +729,8 @@ pub(crate) struct Pointers {
     pub bias: u64,
     pub z: u64,
     pub workspace: u64,
+    /// Bytes at `workspace` (0 without one).
+    pub workspace_bytes: usize,
 }
 
 /// Everything an algorithm's launch needs: the validated problem, the blend, the
@@ -984,18 +988,23 @@ impl Problem {
         }
     }
 
-    pub fn workspace_bytes(&self, algo: ConvFwdAlgo) -> usize {
+    /// Bytes of workspace `algo` needs on `gpu` (`None`: the CPU handle, which reports
+    /// what the GPU the kernels are tuned on would need).
+    pub fn workspace_bytes(&self, algo: ConvFwdAlgo, gpu: Option<&Gpu>) -> usize {
         match algo {
             ConvFwdAlgo::Winograd => winograd::workspace_bytes(self),
+            ConvFwdAlgo::ImplicitGemm => {
+                implicit_gemm::workspace_bytes(self, gpu.map(|g| g.sm_count))
+            }
             _ => 0,
         }
     }
 
-    fn perf(&self, algo: ConvFwdAlgo, time_ms: f32) -> ConvFwdAlgoPerf {
+    fn perf(&self, algo: ConvFwdAlgo, time_ms: f32, gpu: Option<&Gpu>) -> ConvFwdAlgoPerf {
         ConvFwdAlgoPerf {
             algo,
             time_ms,
-            workspace_bytes: self.workspace_bytes(algo),
+            workspace_bytes: self.workspace_bytes(algo, gpu),
             deterministic: algo.deterministic(),
             reduced_precision: algo.reduced_precision(),
         }

@@ -1,5 +1,5 @@
 //! `conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32`: exact-f32 implicit GEMM on CUDA cores,
-//! built on [`fma_tile`] with im2col [`Gather`]s that read x and the filter in place.
+//! built on [`fma_tile_ahead`] with im2col [`Gather`]s that read x and the filter in place.
 //!
 //! Per group (grid y), the GEMM multiplies the pixels' im2col rows by the filter's rows:
 //! `acc[pixel, k] = sum_kk x[pixel's tap of kk, channel of kk] * w[k, kk]` over
@@ -17,13 +17,20 @@
 //!   output channels, which coalesces for NHWC.
 //!
 //! Both are correct for any strides, groups, dilations and modes.
+//!
+//! Split-K (`p.splits > 1`, for grids too small to fill the GPU): each block computes one
+//! K partition of its tile ([`FromTile`]) and stores the raw sums to the workspace; the
+//! `conv_fwd_implicit_gemm_reduce_*` kernels add the partitions in a fixed order and
+//! apply the epilogue (see [`ConvImplicitGemmParams`]).
 
 use crate::device::{
-    block_idx_x, block_idx_y, dynamic_smem, grid_dim_y, ld_shared_u32, ld_shared_v4, st_shared_u32,
-    st_shared_v4, sync_threads, thread_idx_x,
+    block_idx_x, block_idx_y, dynamic_smem, grid_dim_y, grid_stride, ld_shared_u32, ld_shared_v4,
+    st_shared_u32, st_shared_v4, sync_threads, thread_idx_x,
 };
 use crate::epilogue;
-use crate::gemm::{fma_slot, fma_stage_bytes, fma_tile, Epilogue, Gather, FMA_BK, FMA_THREADS};
+use crate::gemm::{
+    fma_slot, fma_stage_bytes, fma_tile_ahead, Epilogue, Gather, FMA_BK, FMA_THREADS,
+};
 use oxidnn_params::{fma_shared_bytes, tile_coords, ConvGeometry, ConvImplicitGemmParams};
 
 /// Fills the block's tap tables (see the module doc) at shared `xtab` (16 bytes a tap)
@@ -232,6 +239,26 @@ impl<const ROWS: u32, const PER: usize, const C_OUTER: bool> Gather<PER>
     }
 }
 
+/// A gather seen from K tile `kt0` on: split-K partition `kt0 * FMA_BK ..` of the GEMM
+/// as a GEMM of its own (the inner gather's bounds stay those of the whole K, so the last
+/// partition's tail reads as zeros).
+pub struct FromTile<G> {
+    inner: G,
+    kt0: u32,
+}
+
+impl<const PER: usize, G: Gather<PER>> Gather<PER> for FromTile<G> {
+    #[inline(always)]
+    fn k_fast(&self) -> bool {
+        self.inner.k_fast()
+    }
+
+    #[inline(always)]
+    unsafe fn fetch(&self, kt: u32) -> [f32; PER] {
+        self.inner.fetch(self.kt0 + kt)
+    }
+}
+
 /// The convolution's epilogue for one group: GEMM `(row, col)` is `(channel, pixel)`
 /// when `KP`, else `(pixel, channel)`; channels are the group's.
 pub struct ConvEpilogue<'a, const KP: bool> {
@@ -240,6 +267,9 @@ pub struct ConvEpilogue<'a, const KP: bool> {
     y: *mut f32,
     bias: *const f32,
     z: *const f32,
+    /// Split-K: this block's partition of the workspace (the group's `rows x cols` GEMM,
+    /// row-major), which takes the raw sums instead of y; null without split-K.
+    partial: *mut f32,
 }
 
 impl<const KP: bool> ConvEpilogue<'_, KP> {
@@ -273,6 +303,14 @@ impl<const KP: bool> Epilogue for ConvEpilogue<'_, KP> {
             return;
         }
         let both = col + 1 < cols;
+        if !self.partial.is_null() {
+            let at = self.partial.add((row * cols + col) as usize);
+            *at = v[0];
+            if both {
+                *at.add(1) = v[1];
+            }
+            return;
+        }
         let e0 = self.at(row, col);
         let e1 = if both { self.at(row, col + 1) } else { e0 };
         let r = epilogue::apply(
@@ -290,8 +328,8 @@ impl<const KP: bool> Epilogue for ConvEpilogue<'_, KP> {
     }
 }
 
-/// One block: builds the tap tables, then its `BM x BN` output tile of each group
-/// `block_idx_y, + grid_dim_y, ..`.
+/// One block: builds the tap tables, then its `BM x BN` output tile (and K partition,
+/// under split-K) of each group `block_idx_y, + grid_dim_y, ..`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn implicit_gemm<
@@ -302,6 +340,7 @@ unsafe fn implicit_gemm<
     const PA: usize,
     const PB: usize,
     const KP: bool,
+    const AHEAD: bool,
 >(
     p: &ConvImplicitGemmParams,
     x: *const f32,
@@ -309,13 +348,21 @@ unsafe fn implicit_gemm<
     y: *mut f32,
     bias: *const f32,
     z: *const f32,
+    ws: *mut f32,
 ) {
     let smem = dynamic_smem();
     let xtab = smem + fma_shared_bytes(BM, BN);
     let wtab = xtab + p.geo.taps() * 16;
     build_tables(&p.geo, xtab, wtab);
-    let (tm, tn) = tile_coords(block_idx_x(), p.tiles_m, p.tiles_n);
+    let tiles = p.tiles_m * p.tiles_n;
+    let (split, tile) = (block_idx_x() / tiles, block_idx_x() % tiles);
+    let (tm, tn) = tile_coords(tile, p.tiles_m, p.tiles_n);
     let (row0, col0) = (tm * BM, tn * BN);
+    // This block's K partition (the whole K without split-K): the host makes every
+    // partition non-empty and `split_k` a multiple of FMA_BK when it splits.
+    let k0 = split * p.split_k;
+    let k_len = (p.gemm_k - k0).min(p.split_k);
+    let kt0 = k0 / FMA_BK;
     let mut group = block_idx_y();
     while group < p.geo.groups {
         let ep = ConvEpilogue::<KP> {
@@ -324,22 +371,44 @@ unsafe fn implicit_gemm<
             y,
             bias,
             z,
+            partial: if p.splits > 1 {
+                let (rows, cols) = if KP {
+                    (p.geo.k_per_group, p.m_pixels)
+                } else {
+                    (p.m_pixels, p.geo.k_per_group)
+                };
+                ws.add((group * p.splits + split) as usize * (rows * cols) as usize)
+            } else {
+                core::ptr::null_mut()
+            },
         };
         if KP {
-            fma_tile::<BM, BN, HM, HN, PA, PB, _, _, _>(
-                &FilterGather::<BM, PA, true>::new(p, w, group, row0, wtab),
-                &PixelGather::<BN, PB, false>::new(p, x, group, col0, xtab),
-                p.gemm_k,
+            fma_tile_ahead::<BM, BN, HM, HN, PA, PB, AHEAD, _, _, _>(
+                &FromTile {
+                    inner: FilterGather::<BM, PA, true>::new(p, w, group, row0, wtab),
+                    kt0,
+                },
+                &FromTile {
+                    inner: PixelGather::<BN, PB, false>::new(p, x, group, col0, xtab),
+                    kt0,
+                },
+                k_len,
                 smem,
                 &ep,
                 row0,
                 col0,
             );
         } else {
-            fma_tile::<BM, BN, HM, HN, PA, PB, _, _, _>(
-                &PixelGather::<BM, PA, true>::new(p, x, group, row0, xtab),
-                &FilterGather::<BN, PB, false>::new(p, w, group, col0, wtab),
-                p.gemm_k,
+            fma_tile_ahead::<BM, BN, HM, HN, PA, PB, AHEAD, _, _, _>(
+                &FromTile {
+                    inner: PixelGather::<BM, PA, true>::new(p, x, group, row0, xtab),
+                    kt0,
+                },
+                &FromTile {
+                    inner: FilterGather::<BN, PB, false>::new(p, w, group, col0, wtab),
+                    kt0,
+                },
+                k_len,
                 smem,
                 &ep,
                 row0,
@@ -350,6 +419,53 @@ unsafe fn implicit_gemm<
         // The next group's first staging stores reuse memory other warps may still read.
         sync_threads();
     }
+}
+
+/// Split-K's second pass: for each pair of GEMM columns of each row of each group, the sum
+/// of the partitions' partial sums in order `0, 1, ..`, through the epilogue.
+///
+/// # Safety
+/// `ws` holds `groups * splits * rows * cols` partial sums (below 2^31) written by the
+/// implicit-GEMM launch of the same `p`; the rest as that kernel.
+#[inline(always)]
+unsafe fn reduce_partials<const KP: bool>(
+    p: &ConvImplicitGemmParams,
+    ws: *const f32,
+    y: *mut f32,
+    bias: *const f32,
+    z: *const f32,
+) {
+    let (rows, cols) = if KP {
+        (p.geo.k_per_group, p.m_pixels)
+    } else {
+        (p.m_pixels, p.geo.k_per_group)
+    };
+    let pairs = cols.div_ceil(2);
+    let per_group = rows * pairs;
+    grid_stride(p.geo.groups as u64 * per_group as u64, |i| {
+        let i = i as u32;
+        let (group, rest) = (i / per_group, i % per_group);
+        let (row, col) = (rest / pairs, 2 * (rest % pairs));
+        let both = col + 1 < cols;
+        let mut at = ws.add((group * p.splits * rows * cols + row * cols + col) as usize);
+        let mut v = [0f32; 2];
+        for _ in 0..p.splits {
+            v[0] += *at;
+            if both {
+                v[1] += *at.add(1);
+            }
+            at = at.add((rows * cols) as usize);
+        }
+        let ep = ConvEpilogue::<KP> {
+            p,
+            group,
+            y,
+            bias,
+            z,
+            partial: core::ptr::null_mut(),
+        };
+        ep.store_pair(row, col, v);
+    });
 }
 
 /// Stamps out the `kp` and `pk` entry points of a `BM x BN` tile.
@@ -365,16 +481,22 @@ macro_rules! implicit_gemm_kernels {
             /// `x`, `w`, `y` (and `bias`, `z` where the epilogue reads them) cover the
             /// tensors `p.geo` describes, every span below 2^31 elements; y's offsets are
             /// distinct; the dynamic shared memory holds `fma_shared_bytes(BM, BN)` plus
-            /// `conv_igemm_table_bytes(taps)`.
+            /// `conv_igemm_table_bytes(taps)`; with split-K, `ws` holds the partial sums
+            /// (see [`ConvImplicitGemmParams`]).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<conv_fwd_implicit_gemm_ $bm x $bn _ $mode _f32>](
                 p: ConvImplicitGemmParams, x: *const f32, w: *const f32, y: *mut f32,
-                bias: *const f32, z: *const f32,
+                bias: *const f32, z: *const f32, ws: *mut f32,
             ) {
                 const PA: usize = ($bm * FMA_BK / FMA_THREADS) as usize;
                 const PB: usize = ($bn * FMA_BK / FMA_THREADS) as usize;
-                implicit_gemm::<$bm, $bn, { $bm / 32 }, { $bn / 32 }, PA, PB, $kp>(
-                    &p, x, w, y, bias, z,
+                // Gathers two K tiles ahead where the registers allow (ptxas 12.9, `kp`
+                // kernels, no spills: 128 x 128 183 registers, 128 x 64 127, 64 x 64 63,
+                // so 1, 2 and 4 blocks share an SM); not 64 x 128, which spills 28 B at
+                // its 128-register bound (two blocks per SM).
+                const AHEAD: bool = !($bm == 64 && $bn == 128);
+                implicit_gemm::<$bm, $bn, { $bm / 32 }, { $bn / 32 }, PA, PB, $kp, AHEAD>(
+                    &p, x, w, y, bias, z, ws,
                 )
             }
         }
@@ -385,3 +507,24 @@ implicit_gemm_kernels!(128, 128);
 implicit_gemm_kernels!(64, 128);
 implicit_gemm_kernels!(128, 64);
 implicit_gemm_kernels!(64, 64);
+
+/// Stamps out the split-K reduction of one mode.
+macro_rules! reduce_kernel {
+    ($mode:ident, $kp:literal) => {
+        paste::paste! {
+            /// # Safety
+            /// As `reduce_partials`: `ws` holds the partial sums the implicit-GEMM launch
+            /// of the same `p` wrote; y, bias and z as that kernel's.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<conv_fwd_implicit_gemm_reduce_ $mode _f32>](
+                p: ConvImplicitGemmParams, ws: *const f32, y: *mut f32, bias: *const f32,
+                z: *const f32,
+            ) {
+                reduce_partials::<$kp>(&p, ws, y, bias, z)
+            }
+        }
+    };
+}
+
+reduce_kernel!(kp, true);
+reduce_kernel!(pk, false);
