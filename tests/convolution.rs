@@ -2373,3 +2373,90 @@ fn time_gemm1x1_short_k() {
         println!("{label}: {}", line.join(", "));
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Gemm1x1 on strided pixels (packed into the workspace first)
+// ---------------------------------------------------------------------------------------
+
+/// A strided 1x1 convolution over channels-last x (one short pixel run per output row)
+/// runs as one matmul over x's sampled pixels packed into the workspace: exact on
+/// integers with a bias, a residual, beta and relu, for every dtype, odd sizes, both
+/// strides even and not; its workspace is the packed pixels, and a short one is refused.
+#[test]
+fn gemm1x1_packs_strided_pixels_into_the_workspace() {
+    use DataType::{BF16, F16, F32};
+    for h in handles() {
+        for (i, (dt, math, dims, stride)) in [
+            (F16, MathType::TensorOp, (3, 24, 40, [15, 15]), 2),
+            (BF16, MathType::TensorOp, (2, 64, 72, [28, 28]), 2),
+            (F32, MathType::Fma, (2, 16, 24, [13, 9]), 3),
+            (F32, MathType::Tf32, (1, 32, 8, [9, 17]), 2),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let case = case2d(
+                dt,
+                math,
+                dims,
+                (1, 0, stride, 1, 1),
+                Layout::ChannelsLast,
+                XCORR,
+            );
+            let algo = ConvFwdAlgo::Gemm1x1;
+            let bytes =
+                convolution_forward_workspace_size(h, &case.x, &case.w, &case.conv, &case.y, algo)
+                    .unwrap();
+            let y = case.y.dims();
+            assert_eq!(
+                bytes,
+                y[0] * y[2] * y[3] * dims.1 * dt.size_bytes(),
+                "{case:?}"
+            );
+            let x = h.alloc(&case.x).unwrap();
+            let w = h.alloc(case.w.tensor()).unwrap();
+            let mut out = h.alloc(&case.y).unwrap();
+            let mut short = h.alloc_bytes(bytes - 1).unwrap();
+            let result = convolution_forward(
+                h,
+                1.0,
+                &case.x,
+                &x,
+                &case.w,
+                &w,
+                &case.conv,
+                algo,
+                Some(&mut short),
+                0.0,
+                &case.y,
+                &mut out,
+            );
+            if h.is_gpu() {
+                assert!(
+                    matches!(result, Err(Error::WorkspaceTooSmall { .. })),
+                    "{result:?}"
+                );
+            }
+            check_forced(h, case, algo, math != MathType::Tf32, 40 + i as u64);
+        }
+        // Unstrided, the pixels are read where they lie: no workspace.
+        let case = case2d(
+            F16,
+            MathType::TensorOp,
+            (2, 16, 16, [8, 8]),
+            (1, 0, 1, 1, 1),
+            Layout::ChannelsLast,
+            XCORR,
+        );
+        let bytes = convolution_forward_workspace_size(
+            h,
+            &case.x,
+            &case.w,
+            &case.conv,
+            &case.y,
+            ConvFwdAlgo::Gemm1x1,
+        )
+        .unwrap();
+        assert_eq!(bytes, 0);
+    }
+}

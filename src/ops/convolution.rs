@@ -993,6 +993,7 @@ impl Problem {
     pub fn workspace_bytes(&self, algo: ConvFwdAlgo, gpu: Option<&Gpu>) -> usize {
         match algo {
             ConvFwdAlgo::Winograd => winograd::workspace_bytes(self),
+            ConvFwdAlgo::Gemm1x1 => gemm_1x1::workspace_bytes(self),
             ConvFwdAlgo::ImplicitGemm => {
                 implicit_gemm::workspace_bytes(self, gpu.map(|g| g.sm_count))
             }

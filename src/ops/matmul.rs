@@ -293,26 +293,82 @@ pub fn matmul(
             host_write(&ct, c)
         }
         Backend::Gpu(gpu) => {
-            let algo = match desc.algo {
-                Some(algo) => algo,
-                None => problem.heuristic(gpu.sm_count, gpu.is_sm90a()),
-            };
-            let ptrs = Pointers {
-                a: device_ptr(gpu, a)?,
-                b: device_ptr(gpu, b)?,
-                c: device_ptr_mut(gpu, c)?,
-                bias: match &epilogue.bias {
-                    Some(v) => device_ptr(gpu, v.data)?,
-                    None => 0,
-                },
-                residual: match &epilogue.residual {
-                    Some(v) => device_ptr(gpu, v.data)?,
-                    None => 0,
-                },
-            };
-            problem.launch(gpu, algo, alpha32, beta32, epilogue, &ptrs)
+            let a = device_ptr(gpu, a)?;
+            run_on_gpu(gpu, &problem, desc, (alpha32, beta32), a, b, c, epilogue)
         }
     }
+}
+
+/// [`matmul`] with `A` at a device address rather than in a [`Buffer`]: for ops that
+/// stage an operand in their workspace (a strided 1x1 convolution packs its sampled
+/// pixels). GPU handles only.
+///
+/// # Safety
+/// `a` is a device address in the handle's context holding every element `a_desc`
+/// reaches, none of them in `c`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn matmul_staged_a(
+    handle: &Handle,
+    desc: &MatmulDescriptor,
+    alpha: f64,
+    a_desc: &TensorDescriptor,
+    a: u64,
+    b_desc: &TensorDescriptor,
+    b: &Buffer,
+    beta: f64,
+    c_desc: &TensorDescriptor,
+    c: &mut Buffer,
+    epilogue: &MatmulEpilogue,
+) -> Result<()> {
+    let Backend::Gpu(gpu) = &handle.backend else {
+        return Err(Error::unsupported(
+            "a staged matmul operand lives in device memory: GPU handles only",
+        ));
+    };
+    let problem = Problem::new(handle, desc, a_desc, b_desc, c_desc, epilogue)?;
+    handle.check_tensor("b", b_desc, b)?;
+    handle.check_tensor("c", c_desc, c)?;
+    if let Some(bias) = &epilogue.bias {
+        handle.check_tensor("bias", bias.desc, bias.data)?;
+    }
+    if let Some(z) = &epilogue.residual {
+        handle.check_tensor("residual", z.desc, z.data)?;
+    }
+    let scales = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    run_on_gpu(gpu, &problem, desc, scales, a, b, c, epilogue)
+}
+
+/// Picks the algorithm (forced or heuristic) and launches a validated problem whose
+/// buffers were checked, `A` at device address `a`.
+#[allow(clippy::too_many_arguments)]
+fn run_on_gpu(
+    gpu: &Gpu,
+    problem: &Problem,
+    desc: &MatmulDescriptor,
+    (alpha, beta): (f32, f32),
+    a: u64,
+    b: &Buffer,
+    c: &mut Buffer,
+    epilogue: &MatmulEpilogue,
+) -> Result<()> {
+    let algo = match desc.algo {
+        Some(algo) => algo,
+        None => problem.heuristic(gpu.sm_count, gpu.is_sm90a()),
+    };
+    let ptrs = Pointers {
+        a,
+        b: device_ptr(gpu, b)?,
+        c: device_ptr_mut(gpu, c)?,
+        bias: match &epilogue.bias {
+            Some(v) => device_ptr(gpu, v.data)?,
+            None => 0,
+        },
+        residual: match &epilogue.residual {
+            Some(v) => device_ptr(gpu, v.data)?,
+            None => 0,
+        },
+    };
+    problem.launch(gpu, algo, alpha, beta, epilogue, &ptrs)
 }
 
 /// The algorithm [`matmul`] picks for these descriptors when none is forced: on a compute

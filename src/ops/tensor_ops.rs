@@ -327,40 +327,58 @@ pub fn transform_tensor(
             host_write(&yt, y)
         }
         Backend::Gpu(gpu) => {
-            let (src, dst) = (x_desc.dtype(), y_desc.dtype());
-            let unsupported =
-                || Error::unsupported(format!("transform from {src} to {dst} on the GPU"));
-            let folded = fold(x_desc.dims(), [x_desc.strides(), y_desc.strides()], 1);
-            let ptrs = [device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?];
-            if let (false, Some(p)) = (
-                folded.is_packed(),
-                transpose_plan(&folded, alpha32, beta32)?,
-            ) {
-                let blocks =
-                    p.tiles_a.divisor as u64 * p.tiles_b.divisor as u64 * batch_len(&p) as u64;
-                let cfg = LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?;
-                let kernel = kernels::transpose(src, dst).ok_or_else(unsupported)?;
-                // SAFETY: the plan's offsets stay inside both spans (same dims, own strides).
-                return unsafe { gpu.launch(kernel, cfg, &p, &ptrs) };
-            }
-            let widest = src.size_bytes().max(dst.size_bytes());
-            let plan = ElementwisePlan::new(&folded, widest, gpu.sm_count)?;
-            let kernel = plan.kernel(
-                kernels::transform_packed(src, dst),
-                kernels::transform_strided(src, dst),
-                || format!("transform from {src} to {dst} on the GPU"),
-            )?;
-            let p = TransformParams {
-                alpha: alpha32,
-                beta: beta32,
-                len: folded.len() as u64,
-                map: plan.map.unwrap_or_default(),
-            };
-            // SAFETY: dense operands hold `len` elements; otherwise the folded map's offsets
-            // stay inside both spans.
-            unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
+            let (xp, yp) = (device_ptr(gpu, x)?, device_ptr_mut(gpu, y)?);
+            // SAFETY: both buffers were checked to hold their descriptors' spans.
+            unsafe { transform_on_gpu(gpu, alpha32, x_desc, xp, beta32, y_desc, yp) }
         }
     }
+}
+
+/// [`transform_tensor`]'s GPU work on device addresses (for ops that stage a tensor in
+/// their workspace): `y = alpha * x + beta * y` elementwise, dims equal.
+///
+/// # Safety
+/// `x` and `y` are device addresses in `gpu`'s context holding every element their
+/// descriptors reach; y's elements are distinct.
+pub(crate) unsafe fn transform_on_gpu(
+    gpu: &Gpu,
+    alpha32: f32,
+    x_desc: &TensorDescriptor,
+    x: u64,
+    beta32: f32,
+    y_desc: &TensorDescriptor,
+    y: u64,
+) -> Result<()> {
+    let (src, dst) = (x_desc.dtype(), y_desc.dtype());
+    let unsupported = || Error::unsupported(format!("transform from {src} to {dst} on the GPU"));
+    let folded = fold(x_desc.dims(), [x_desc.strides(), y_desc.strides()], 1);
+    let ptrs = [x, y];
+    if let (false, Some(p)) = (
+        folded.is_packed(),
+        transpose_plan(&folded, alpha32, beta32)?,
+    ) {
+        let blocks = p.tiles_a.divisor as u64 * p.tiles_b.divisor as u64 * batch_len(&p) as u64;
+        let cfg = LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?;
+        let kernel = kernels::transpose(src, dst).ok_or_else(unsupported)?;
+        // SAFETY: the plan's offsets stay inside both spans (same dims, own strides).
+        return unsafe { gpu.launch(kernel, cfg, &p, &ptrs) };
+    }
+    let widest = src.size_bytes().max(dst.size_bytes());
+    let plan = ElementwisePlan::new(&folded, widest, gpu.sm_count)?;
+    let kernel = plan.kernel(
+        kernels::transform_packed(src, dst),
+        kernels::transform_strided(src, dst),
+        || format!("transform from {src} to {dst} on the GPU"),
+    )?;
+    let p = TransformParams {
+        alpha: alpha32,
+        beta: beta32,
+        len: folded.len() as u64,
+        map: plan.map.unwrap_or_default(),
+    };
+    // SAFETY: dense operands hold `len` elements; otherwise the folded map's offsets
+    // stay inside both spans.
+    unsafe { gpu.launch(kernel, plan.cfg, &p, &ptrs) }
 }
 
 fn batch_len(p: &TransposeParams) -> usize {

@@ -1,8 +1,13 @@
 //! [`ConvFwdAlgo::Gemm1x1`](super::ConvFwdAlgo::Gemm1x1): a 1x1 convolution without padding
 //! is a matmul, `y[pixel, k] = sum_c x[pixel, c] * w[k, c]`, when the sampled pixels of x
 //! and of y (and z) each form one strided run, or one run per image (then a batched
-//! matmul). It runs on the matmul core as it is (heuristic tile, `wgmma` on Hopper), with
-//! the convolution's blend, bias (per column) and residual in the matmul's epilogue.
+//! matmul). It runs on the matmul core as it is (heuristic tile, TMA `wgmma` on Hopper),
+//! with the convolution's blend, bias (per column) and residual in the matmul's epilogue.
+//!
+//! Where x's sampled pixels do not form such runs (a strided 1x1 over NHWC: one short run
+//! per output row) but y's do, the sampled pixels are first packed into the workspace,
+//! channels contiguous (a strided copy reading a quarter of x at stride 2), and the
+//! matmul reads them from there at full tiles.
 
 use super::{Call, Problem};
 use crate::buffer::Buffer;
@@ -10,8 +15,9 @@ use crate::descriptor::TensorDescriptor;
 use crate::dtype::DataType;
 use crate::error::Result;
 use crate::ops::matmul::{
-    matmul, BiasMode, MathType, MatmulBias, MatmulDescriptor, MatmulEpilogue,
+    matmul, matmul_staged_a, BiasMode, MathType, MatmulBias, MatmulDescriptor, MatmulEpilogue,
 };
+use crate::ops::tensor_ops::transform_on_gpu;
 
 /// The shortest pixel run worth a batched matmul (a 64-row tile).
 const MIN_BATCHED_ROWS: usize = 64;
@@ -20,16 +26,40 @@ const MIN_BATCHED_ROWS: usize = 64;
 /// of (at most) two dims, outer first, or `None` when more dims remain after merging.
 type Runs = Vec<(usize, [usize; 3])>;
 
-fn pixel_runs(p: &Problem) -> Option<Runs> {
+/// The pixel dims `[n, o0, o1, o2]` of the output: extents.
+fn pixel_extents(p: &Problem) -> [usize; 4] {
     let g = &p.geo;
+    [g.n, g.output[0], g.output[1], g.output[2]].map(|e| e as usize)
+}
+
+/// x's strides between sampled pixels along `[n, o0, o1, o2]`: where they lie in x
+/// (`staged` false), or packed channels-last in the workspace (`staged`).
+fn x_pixel_strides(p: &Problem, staged: bool) -> [usize; 4] {
+    let g = &p.geo;
+    if staged {
+        let e = pixel_extents(p);
+        let c = g.c as usize;
+        [e[1] * e[2] * e[3] * c, e[2] * e[3] * c, e[3] * c, c]
+    } else {
+        let s = |d: usize| g.stride[d] as usize;
+        [
+            g.x[0] as usize,
+            g.x[2] as usize * s(0),
+            g.x[3] as usize * s(1),
+            g.x[4] as usize * s(2),
+        ]
+    }
+}
+
+fn pixel_runs(p: &Problem, staged: bool) -> Option<Runs> {
+    let g = &p.geo;
+    let extents = pixel_extents(p);
+    let xs = x_pixel_strides(p, staged);
     let dims = (0..4).map(|d| {
-        let extent = if d == 0 { g.n } else { g.output[d - 1] } as usize;
-        let step = if d == 0 { 1 } else { g.stride[d - 1] as usize };
-        // x's sampled pixels step by the stride; y and z step by one.
-        let xs = g.x[if d == 0 { 0 } else { d + 1 }] as usize * step;
+        // y and z step by one pixel.
         let ys = g.y[if d == 0 { 0 } else { d + 1 }] as usize;
         let zs = g.z[if d == 0 { 0 } else { d + 1 }] as usize;
-        (extent, [xs, ys, zs])
+        (extents[d], [xs[d], ys, zs])
     });
     let mut runs: Runs = Vec::new();
     for (extent, s) in dims.filter(|&(e, _)| e > 1) {
@@ -42,6 +72,25 @@ fn pixel_runs(p: &Problem) -> Option<Runs> {
         }
     }
     (runs.len() <= 2).then_some(runs)
+}
+
+/// Whether the runs make full matmul tiles: one run, or runs of at least a tile's rows.
+fn long(runs: &Runs) -> bool {
+    runs.len() < 2 || runs[1].0 >= MIN_BATCHED_ROWS
+}
+
+/// Whether x's sampled pixels are packed into the workspace first (see the module docs),
+/// for a problem [`declines`] accepts.
+fn staged(p: &Problem) -> bool {
+    !pixel_runs(p, false).is_some_and(|r| long(&r))
+}
+
+/// Workspace bytes: the packed sampled pixels of x when [`staged`], else none.
+pub(super) fn workspace_bytes(p: &Problem) -> usize {
+    if declines(p).is_some() || !staged(p) {
+        return 0;
+    }
+    pixel_extents(p).iter().product::<usize>() * p.geo.c as usize * p.dtype.size_bytes()
 }
 
 /// Why this problem is not a matmul, or `None` if it is.
@@ -59,12 +108,13 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     if p.math == MathType::Fma && matches!(p.dtype, DataType::F16 | DataType::BF16) {
         return Some("the matmul core has no CUDA-core kernels for 16-bit data".into());
     }
-    match pixel_runs(p) {
-        None => Some("x's or y's pixels do not form one strided run per image".into()),
-        // A batch of short runs (a strided 1x1 over NHWC: one run per output row) wastes
-        // most of each matmul tile; the implicit GEMMs walk such pixels at full tiles.
-        Some(runs) if runs.len() == 2 && runs[1].0 < MIN_BATCHED_ROWS => Some(format!(
-            "its pixels form runs of {} (batched matmuls want at least {MIN_BATCHED_ROWS})",
+    // x's pixels that do not form long runs are packed first: y's (and z's) must.
+    match pixel_runs(p, true) {
+        None => Some("y's pixels do not form one strided run per image".into()),
+        // A batch of short runs (one per output row) wastes most of each matmul tile; the
+        // implicit GEMMs walk such pixels at full tiles.
+        Some(runs) if !long(&runs) => Some(format!(
+            "y's pixels form runs of {} (batched matmuls want at least {MIN_BATCHED_ROWS})",
             runs[1].0
         )),
         Some(_) => None,
@@ -88,10 +138,62 @@ fn matrix(
     TensorDescriptor::new(dtype, &dims, &strides)
 }
 
+/// Packs x's sampled pixels into the workspace, channels last (`[n, c, o0, o1, o2]` with
+/// strides `[.., 1, .., .., c]`, [`x_pixel_strides`]).
+fn stage_x(call: &Call) -> Result<()> {
+    let p = call.p;
+    let g = &p.geo;
+    let e = pixel_extents(p);
+    let dims = [e[0], g.c as usize, e[1], e[2], e[3]];
+    let sampled = x_pixel_strides(p, false);
+    let packed = x_pixel_strides(p, true);
+    let from = TensorDescriptor::new(
+        p.dtype,
+        &dims,
+        &[
+            sampled[0],
+            g.x[1] as usize,
+            sampled[1],
+            sampled[2],
+            sampled[3],
+        ],
+    )?;
+    let to = TensorDescriptor::new(
+        p.dtype,
+        &dims,
+        &[packed[0], 1, packed[1], packed[2], packed[3]],
+    )?;
+    if call.ptrs.workspace_bytes < workspace_bytes(p) {
+        return Err(crate::error::Error::WorkspaceTooSmall {
+            required_bytes: workspace_bytes(p),
+            got_bytes: call.ptrs.workspace_bytes,
+        });
+    }
+    // SAFETY: `from` reaches exactly x's sampled elements (the problem's geometry was
+    // checked against x's descriptor and buffer); `to` is packed and its span, checked
+    // just above, lies in the workspace, which the caller checked holds
+    // `workspace_bytes` and which overlaps no tensor of the call.
+    unsafe {
+        transform_on_gpu(
+            call.gpu,
+            1.0,
+            &from,
+            call.ptrs.x,
+            0.0,
+            &to,
+            call.ptrs.workspace,
+        )
+    }
+}
+
 pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     let p = call.p;
     let g = &p.geo;
-    let runs = pixel_runs(p).unwrap_or_default();
+    let staged = staged(p);
+    if staged {
+        stage_x(call)?;
+    }
+    let runs = pixel_runs(p, staged).unwrap_or_default();
     // The inner run is the matmul's M; an outer one (images that do not merge) its batch.
     let (m, ms) = runs.last().copied().unwrap_or((1, [1, 1, 1]));
     let batch = (runs.len() == 2).then(|| runs[0]);
@@ -101,7 +203,7 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         dt,
         batch.map(|b| (b.0, b.1[0])),
         (m, ms[0]),
-        (c, g.x[1] as usize),
+        (c, if staged { 1 } else { g.x[1] as usize }),
     )?;
     let b_desc = matrix(dt, None, (c, g.w[1] as usize), (k, g.w[0] as usize))?;
     let c_desc = matrix(
@@ -132,17 +234,39 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
             _ => None,
         },
     };
-    matmul(
-        call.handle,
-        &MatmulDescriptor::new(p.math),
-        call.alpha as f64,
-        &a_desc,
-        call.x,
-        &b_desc,
-        call.w,
-        call.beta as f64,
-        &c_desc,
-        y,
-        &epilogue,
-    )
+    let desc = MatmulDescriptor::new(p.math);
+    let (alpha, beta) = (call.alpha as f64, call.beta as f64);
+    if staged {
+        // SAFETY: the packed pixels `a_desc` describes are those `stage_x` wrote into the
+        // workspace (checked to hold them), which y does not overlap.
+        unsafe {
+            matmul_staged_a(
+                call.handle,
+                &desc,
+                alpha,
+                &a_desc,
+                call.ptrs.workspace,
+                &b_desc,
+                call.w,
+                beta,
+                &c_desc,
+                y,
+                &epilogue,
+            )
+        }
+    } else {
+        matmul(
+            call.handle,
+            &desc,
+            alpha,
+            &a_desc,
+            call.x,
+            &b_desc,
+            call.w,
+            beta,
+            &c_desc,
+            y,
+            &epilogue,
+        )
+    }
 }
