@@ -109,6 +109,11 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
         return Some("the matmul core has no CUDA-core kernels for 16-bit data".into());
     }
     // x's pixels that do not form long runs are packed first: y's (and z's) must.
+    if staged(p) {
+        if let Err(e) = staging_descriptors(p) {
+            return Some(format!("x's sampled pixels cannot be packed: {e}"));
+        }
+    }
     match pixel_runs(p, true) {
         None => Some("y's pixels do not form one strided run per image".into()),
         // A batch of short runs (one per output row) wastes most of each matmul tile; the
@@ -138,21 +143,23 @@ fn matrix(
     TensorDescriptor::new(dtype, &dims, &strides)
 }
 
-/// Packs x's sampled pixels into the workspace, channels last (`[n, c, o0, o1, o2]` with
-/// strides `[.., 1, .., .., c]`, [`x_pixel_strides`]).
-fn stage_x(call: &Call) -> Result<()> {
-    let p = call.p;
+/// The strided copy that packs x's sampled pixels into the workspace: x's view of them
+/// and the packed tensor, both `[n, c, o0, o1, o2]` (the latter channels last, strides
+/// [`x_pixel_strides`]).
+fn staging_descriptors(p: &Problem) -> Result<(TensorDescriptor, TensorDescriptor)> {
     let g = &p.geo;
     let e = pixel_extents(p);
     let dims = [e[0], g.c as usize, e[1], e[2], e[3]];
-    let sampled = x_pixel_strides(p, false);
-    let packed = x_pixel_strides(p, true);
+    // Dims of extent 1 have stride 0 in the geometry; a descriptor wants >= 1 (any value
+    // does there).
+    let sampled = x_pixel_strides(p, false).map(|s| s.max(1));
+    let packed = x_pixel_strides(p, true).map(|s| s.max(1));
     let from = TensorDescriptor::new(
         p.dtype,
         &dims,
         &[
             sampled[0],
-            g.x[1] as usize,
+            (g.x[1] as usize).max(1),
             sampled[1],
             sampled[2],
             sampled[3],
@@ -163,6 +170,13 @@ fn stage_x(call: &Call) -> Result<()> {
         &dims,
         &[packed[0], 1, packed[1], packed[2], packed[3]],
     )?;
+    Ok((from, to))
+}
+
+/// Packs x's sampled pixels into the workspace ([`staging_descriptors`]).
+fn stage_x(call: &Call) -> Result<()> {
+    let p = call.p;
+    let (from, to) = staging_descriptors(p)?;
     if call.ptrs.workspace_bytes < workspace_bytes(p) {
         return Err(crate::error::Error::WorkspaceTooSmall {
             required_bytes: workspace_bytes(p),
