@@ -973,7 +973,9 @@ impl Problem {
     /// Heuristic rank of an accepted algorithm (lower first): the list order, except that
     /// the tensor-core implicit GEMM on its element-gathering kernels (x not
     /// channels-last, or channels not in 16-byte chunks) goes after Winograd, which runs
-    /// such layouts 2-3x faster (f16 NCHW 3x3, H100).
+    /// such layouts 2-3x faster (f16 NCHW 3x3, H100), and `Gemm1x1` staging strided pixels
+    /// through its workspace goes after the tensor-core implicit GEMM (which reads them in
+    /// place: 0.9-1.1x its time on ResNet-50's strided 1x1 layers, H100).
     fn preference(&self, algo: ConvFwdAlgo) -> usize {
         let position = |a| {
             ConvFwdAlgo::ALL
@@ -983,6 +985,8 @@ impl Problem {
         };
         if algo == ConvFwdAlgo::ImplicitGemmTensorOp && implicit_gemm_tensor_op::gathers(self) {
             position(ConvFwdAlgo::Winograd) * 2 + 1
+        } else if algo == ConvFwdAlgo::Gemm1x1 && gemm_1x1::workspace_bytes(self) > 0 {
+            position(ConvFwdAlgo::ImplicitGemmTensorOp) * 2 + 1
         } else {
             position(algo) * 2
         }
