@@ -259,14 +259,7 @@ pub fn matmul(
 ) -> Result<()> {
     let problem = Problem::new(handle, desc, a_desc, b_desc, c_desc, epilogue)?;
     handle.check_tensor("a", a_desc, a)?;
-    handle.check_tensor("b", b_desc, b)?;
-    handle.check_tensor("c", c_desc, c)?;
-    if let Some(bias) = &epilogue.bias {
-        handle.check_tensor("bias", bias.desc, bias.data)?;
-    }
-    if let Some(z) = &epilogue.residual {
-        handle.check_tensor("residual", z.desc, z.data)?;
-    }
+    check_buffers(handle, (b_desc, b), (c_desc, c), epilogue)?;
     let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
     match &handle.backend {
         Backend::Cpu => {
@@ -326,6 +319,18 @@ pub(crate) unsafe fn matmul_staged_a(
         ));
     };
     let problem = Problem::new(handle, desc, a_desc, b_desc, c_desc, epilogue)?;
+    check_buffers(handle, (b_desc, b), (c_desc, c), epilogue)?;
+    let scales = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
+    run_on_gpu(gpu, &problem, desc, scales, a, b, c, epilogue)
+}
+
+/// Checks that B, C and the epilogue's inputs hold their descriptors' spans on `handle`.
+fn check_buffers(
+    handle: &Handle,
+    (b_desc, b): (&TensorDescriptor, &Buffer),
+    (c_desc, c): (&TensorDescriptor, &Buffer),
+    epilogue: &MatmulEpilogue,
+) -> Result<()> {
     handle.check_tensor("b", b_desc, b)?;
     handle.check_tensor("c", c_desc, c)?;
     if let Some(bias) = &epilogue.bias {
@@ -334,8 +339,7 @@ pub(crate) unsafe fn matmul_staged_a(
     if let Some(z) = &epilogue.residual {
         handle.check_tensor("residual", z.desc, z.data)?;
     }
-    let scales = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
-    run_on_gpu(gpu, &problem, desc, scales, a, b, c, epilogue)
+    Ok(())
 }
 
 /// Picks the algorithm (forced or heuristic) and launches a validated problem whose

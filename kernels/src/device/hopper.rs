@@ -365,6 +365,8 @@ pub unsafe fn tma_load_3d(dst: u32, map: u64, coords: [u32; 3], bar: u32) {
 /// `setmaxnreg.inc` / `.dec`: this warpgroup's threads take (`INC`) or give back
 /// registers until each has `REGS` (a multiple of 8, 24 to 256). The kernel must declare
 /// its launch register budget (`.maxnreg` or `.maxntid` + `.minnctapersm`, build.rs).
+/// `.inc` waits until the SM's pool holds the registers: the block's increases must fit
+/// in what its other warpgroups give back, or it waits forever.
 #[inline(always)]
 pub fn set_max_registers<const INC: bool, const REGS: u32>() {
     const { assert!(REGS % 8 == 0 && REGS >= 24 && REGS <= 256) };
