@@ -144,31 +144,27 @@ fn matrix(
 }
 
 /// The strided copy that packs x's sampled pixels into the workspace: x's view of them
-/// and the packed tensor, both `[n, c, o0, o1, o2]` (the latter channels last, strides
-/// [`x_pixel_strides`]).
+/// and the packed tensor, both `[n, o0, o1, o2, c]` (channels innermost, so that the copy
+/// runs along x's contiguous channels; the packed one has strides [`x_pixel_strides`]
+/// and 1).
 fn staging_descriptors(p: &Problem) -> Result<(TensorDescriptor, TensorDescriptor)> {
     let g = &p.geo;
     let e = pixel_extents(p);
-    let dims = [e[0], g.c as usize, e[1], e[2], e[3]];
+    let dims = [e[0], e[1], e[2], e[3], g.c as usize];
     // Dims of extent 1 have stride 0 in the geometry; a descriptor wants >= 1 (any value
     // does there).
     let sampled = x_pixel_strides(p, false).map(|s| s.max(1));
     let packed = x_pixel_strides(p, true).map(|s| s.max(1));
+    let channel = (g.x[1] as usize).max(1);
     let from = TensorDescriptor::new(
         p.dtype,
         &dims,
-        &[
-            sampled[0],
-            (g.x[1] as usize).max(1),
-            sampled[1],
-            sampled[2],
-            sampled[3],
-        ],
+        &[sampled[0], sampled[1], sampled[2], sampled[3], channel],
     )?;
     let to = TensorDescriptor::new(
         p.dtype,
         &dims,
-        &[packed[0], 1, packed[1], packed[2], packed[3]],
+        &[packed[0], packed[1], packed[2], packed[3], 1],
     )?;
     Ok((from, to))
 }
