@@ -1229,6 +1229,30 @@ fn implicit_gemm_workspace(h: &Handle, case: &Case) -> usize {
     .unwrap()
 }
 
+/// `y = conv(x, w)` on [`ConvFwdAlgo::ImplicitGemm`] with workspace `ws`.
+fn implicit_gemm_forward(
+    h: &Handle,
+    case: &Case,
+    (x, w): (&Buffer, &Buffer),
+    ws: Option<&mut Buffer>,
+    y: &mut Buffer,
+) -> Result<()> {
+    convolution_forward(
+        h,
+        1.0,
+        &case.x,
+        x,
+        &case.w,
+        w,
+        &case.conv,
+        ConvFwdAlgo::ImplicitGemm,
+        ws,
+        0.0,
+        &case.y,
+        y,
+    )
+}
+
 /// The exact-f32 implicit GEMM asks for a workspace (split-K) exactly where its tile grid
 /// is small: ResNet-50's res5a_branch2b at N = 32 (1568 pixels x 512 channels, K = 4608)
 /// but not res2a_branch2b (100352 pixels); `get` reports the workspace and determinism.
@@ -1297,21 +1321,7 @@ fn implicit_gemm_split_k_is_deterministic() {
             let mut ws = h.alloc_bytes(implicit_gemm_workspace(h, &case)).unwrap();
             let mut run = || {
                 let mut y = upload_poisoned(h, &inputs.y0, true);
-                convolution_forward(
-                    h,
-                    1.0,
-                    &case.x,
-                    &x,
-                    &case.w,
-                    &w,
-                    &case.conv,
-                    ConvFwdAlgo::ImplicitGemm,
-                    Some(&mut ws),
-                    0.0,
-                    &case.y,
-                    &mut y,
-                )
-                .unwrap();
+                implicit_gemm_forward(h, &case, (&x, &w), Some(&mut ws), &mut y).unwrap();
                 y
             };
             let (first, second) = (run(), run());
@@ -1349,20 +1359,7 @@ fn implicit_gemm_split_k_refuses_a_short_workspace() {
         let mut y = h.alloc(&case.y).unwrap();
         let mut short = h.alloc_bytes(need - 1).unwrap();
         for ws in [Some(&mut short), None] {
-            let r = convolution_forward(
-                h,
-                1.0,
-                &case.x,
-                &x,
-                &case.w,
-                &w,
-                &case.conv,
-                ConvFwdAlgo::ImplicitGemm,
-                ws,
-                0.0,
-                &case.y,
-                &mut y,
-            );
+            let r = implicit_gemm_forward(h, case, (&x, &w), ws, &mut y);
             assert!(
                 matches!(r, Err(Error::WorkspaceTooSmall { required_bytes, .. }) if required_bytes == need),
                 "{r:?}"
@@ -1442,23 +1439,8 @@ fn time_implicit_gemm_plans() {
                 return None;
             }
             let mut ws = h.alloc_bytes(need.max(1)).unwrap();
-            let mut call = || {
-                convolution_forward(
-                    h,
-                    1.0,
-                    &case.x,
-                    &x,
-                    &case.w,
-                    &w,
-                    &case.conv,
-                    ConvFwdAlgo::ImplicitGemm,
-                    Some(&mut ws),
-                    0.0,
-                    &case.y,
-                    &mut y,
-                )
-                .unwrap()
-            };
+            let mut call =
+                || implicit_gemm_forward(h, &case, (&x, &w), Some(&mut ws), &mut y).unwrap();
             call();
             call();
             h.synchronize().unwrap();

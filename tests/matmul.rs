@@ -512,6 +512,45 @@ fn batches_beyond_the_grid_limit_are_all_computed() {
     });
 }
 
+/// The TMA tiles run one grid row per batch: beyond 65535 batches a forced TMA tile
+/// declines and says why (the heuristic takes another tile: the test above).
+#[test]
+fn tma_tiles_decline_batches_beyond_the_grid() {
+    with_gpu("tma_tiles_decline_batches_beyond_the_grid", |h| {
+        let c = Case {
+            input: DataType::F16,
+            output: DataType::F32,
+            math: MatmulMath::TensorOp,
+            algo: Some(MatmulAlgo::WgmmaTma128x64),
+            m: 8,
+            n: 8,
+            k: 8,
+            batch: Some(70_000),
+            broadcast: (false, false),
+            col_major: (false, false, false),
+            pads: (0, 0, 0),
+            alpha: 1.0,
+            beta: 0.0,
+            activation: ActivationDescriptor::identity(),
+            bias: BiasMode::None,
+            residual: None,
+        };
+        let mut r = rng(4);
+        let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
+        let why = if h.compute_capability() == Some((9, 0)) {
+            "65535"
+        } else {
+            "compute capability 9.0"
+        };
+        match run(h, &c, &mut p) {
+            Err(Error::NotSupported { message }) => {
+                assert!(message.contains(why), "{message} (expected: {why})")
+            }
+            other => panic!("70000 batches on WgmmaTma128x64: got {other:?}"),
+        }
+    });
+}
+
 #[test]
 fn heuristic_and_find_rank_the_supported_algorithms() {
     let desc = |dt, dims: &[usize]| TensorDescriptor::packed(dt, dims).unwrap();
