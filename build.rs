@@ -249,7 +249,12 @@ fn declare_dynamic_smem(ptx: &str) -> String {
 /// The TMA `wgmma` kernels: one block of three warpgroups (168 registers each at launch),
 /// which `setmaxnreg` then moves from the producer warpgroup to the consumers.
 const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
-    ("wgmma_matmul_tma_", 384, 1),
+    // The TMA tiles: `oxidnn_params::tma_threads` and `tma_blocks_per_sm` (the widest one
+    // before the general prefix).
+    ("wgmma_matmul_tma_128x256_", 384, 1),
+    ("wgmma_matmul_tma_", 288, 2),
+    ("wgmma_conv_fwd_tma_128x256_", 384, 1),
+    ("wgmma_conv_fwd_tma_", 288, 2),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),
@@ -286,7 +291,7 @@ fn occupancy_hints(ptx: &str) -> String {
 /// The tensor maps must lie 64-byte aligned in parameter space (CUDA declares such a
 /// parameter `.param .align 64`), but rustc's nvptx kernel ABI declares no parameter
 /// above 16; [`tensor_map_alignment`] raises it.
-const TENSOR_MAP_PARAMS: &[(&str, usize)] = &[("wgmma_matmul_tma_", 6)];
+const TENSOR_MAP_PARAMS: &[(&str, usize)] = &[("wgmma_matmul_tma_", 6), ("wgmma_conv_fwd_tma_", 6)];
 
 /// Declares the parameters [`TENSOR_MAP_PARAMS`] names `.align 64`.
 fn tensor_map_alignment(ptx: &str) -> String {

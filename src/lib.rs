@@ -25,6 +25,7 @@ mod error;
 mod handle;
 mod host_tensor;
 mod launch;
+mod tma;
 
 pub mod ops;
 pub mod reference;

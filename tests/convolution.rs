@@ -1818,7 +1818,8 @@ fn igemm(
 /// The implicit GEMM forced on small channels-last problems that stress its loaders:
 /// partial channel blocks and tiles, padding past the filter, strides, dilations,
 /// convolution mode, groups, 1-D and 3-D, NCHW y, odd channel counts (unpaired stores)
-/// and the fused epilogue, against the f64 reference.
+/// and the fused epilogue, against the f64 reference. On an H100 the 2-D problems with K
+/// >= 256 and whole 64-channel groups run on the TMA tiles.
 #[test]
 fn implicit_gemm_tensor_op_matches_the_reference() {
     use DataType::{BF16, F16, F32};
@@ -1878,6 +1879,29 @@ fn implicit_gemm_tensor_op_matches_the_reference() {
             stride: &[2, 3],
             ..igemm(F16, 2, 136, 130, &[7, 7])
         },
+        // On sm_90a the TMA tiles (im2col copies): an asymmetric filter and stride with
+        // rows wrapping across three images, a strided 1x1 (K = 256), and groups of 64
+        // channels in convolution mode.
+        IgemmShape {
+            filter: &[3, 5],
+            pad: 2,
+            stride: &[2, 1],
+            epilogue: true,
+            ..igemm(F16, 3, 64, 80, &[9, 11])
+        },
+        IgemmShape {
+            filter: &[1, 1],
+            pad: 0,
+            stride: &[2, 2],
+            ..igemm(F16, 2, 256, 96, &[13, 13])
+        },
+        IgemmShape {
+            groups: 2,
+            mode: conv,
+            epilogue: true,
+            y_last: false,
+            ..igemm(BF16, 2, 128, 72, &[10, 10])
+        },
     ];
     with_gpu("implicit_gemm_tensor_op_matches_the_reference", |h| {
         for (i, shape) in cases.iter().enumerate() {
@@ -1897,7 +1921,7 @@ fn implicit_gemm_tensor_op_matches_the_reference() {
 }
 
 /// ResNet-like problems large enough for each of the implicit GEMM's tiles to be the
-/// heuristic's choice on an H100 (`wgmma` 128x256, 128x128 and 128x64, `mma.sync`
+/// heuristic's choice on an H100 (TMA `wgmma` 128x256, 128x128 and 128x64, `mma.sync`
 /// 128x256, 128x128 and 128x64 in f16/bf16, 128x128 in tf32; the property tests cover
 /// 64x64), against the direct algorithm on the same GPU.
 #[test]

@@ -6,7 +6,8 @@
 //! * [`direct`]: one thread per output element, any layout, strides, groups, dims; the
 //!   always-correct fallback.
 //! * [`implicit_gemm`]: implicit GEMM on tensor cores (`mma.sync`, and `wgmma` in the
-//!   sm90a build, where `lib.rs` compiles this module alone).
+//!   sm90a build, where `lib.rs` compiles it with `implicit_gemm_tma`, the same GEMM on
+//!   the warp-specialised TMA core, operands copied by TMA in im2col and tiled modes).
 //! * [`winograd`]: Winograd F(2x2, 3x3) transforms around a batched matmul (3x3, stride 1).
 //! * [`implicit_gemm_fma`]: exact-f32 implicit GEMM on CUDA cores (im2col gathers).
 //! * [`depthwise`]: groups == c, memory-bound, per layout.

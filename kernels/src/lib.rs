@@ -33,6 +33,7 @@ pub mod convolution;
 #[cfg(feature = "sm90a")]
 pub mod convolution {
     pub mod implicit_gemm;
+    pub mod implicit_gemm_tma;
 }
 #[cfg(not(feature = "sm90a"))]
 pub mod dropout;

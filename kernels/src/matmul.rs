@@ -33,8 +33,8 @@ use oxidnn_params::{
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{
-    tma_shared_bytes, wgmma_shared_bytes, wgmma_stages, TensorMap, TmaOperands, WGMMA_BM,
-    WGMMA_THREADS,
+    tma_blocks_per_sm, tma_shared_bytes, tma_stages, wgmma_shared_bytes, wgmma_stages, TensorMap,
+    TmaOperands, WGMMA_BM, WGMMA_THREADS,
 };
 
 /// One operand of one block: the `rows x k` matrix starting at the block's first row (M for
@@ -795,6 +795,7 @@ unsafe fn matmul_wgmma_tma<
     E,
     const BN: u32,
     const STAGES: u32,
+    const PER_SM: u32,
     const NI: usize,
     const KA: bool,
     const KB: bool,
@@ -821,7 +822,15 @@ unsafe fn matmul_wgmma_tma<
         batch: coordinate(&p.b),
     };
     let ep = MatmulEpilogue::<true>::of_batch(p, batch, out);
-    wgmma_tma_tile::<E, BN, STAGES, NI, KA, KB, _>(&a, &b, p.k, dynamic_smem(), &ep, row0, col0);
+    wgmma_tma_tile::<E, BN, STAGES, PER_SM, NI, _, _, _>(
+        &a,
+        &b,
+        p.k,
+        dynamic_smem(),
+        &ep,
+        row0,
+        col0,
+    );
 }
 
 /// Stamps out the `wgmma_matmul_tma_128x<BN>_<la><lb>_<dt>` entry points of one element
@@ -851,7 +860,9 @@ macro_rules! wgmma_tma_kernels {
                     stringify!([<wgmma_matmul_tma_128x $bn _ $la $lb _ $dt>]),
                     "_param_6"
                 ));
-                matmul_wgmma_tma::<$E, $bn, { wgmma_stages($bn) }, { $bn / 8 }, $ka, $kb>(
+                matmul_wgmma_tma::<
+                    $E, $bn, { tma_stages($bn) }, { tma_blocks_per_sm($bn) }, { $bn / 8 }, $ka, $kb,
+                >(
                     &p, maps, (d, bias, z),
                 )
             }

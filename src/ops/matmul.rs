@@ -44,8 +44,8 @@ use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
     fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_threads, tma_shared_bytes,
-    wgmma_shared_bytes, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout,
-    OutputType, TmaOperands, FMA_THREADS, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX, TMA_THREADS,
+    tma_threads, wgmma_shared_bytes, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout,
+    OutputLayout, OutputType, TmaOperands, FMA_THREADS, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX,
     WGMMA_THREADS,
 };
 
@@ -962,7 +962,7 @@ impl Problem {
     fn threads(&self, algo: MatmulAlgo) -> u32 {
         let (bm, bn) = algo.tile();
         match self.math {
-            _ if algo.tma() => TMA_THREADS,
+            _ if algo.tma() => tma_threads(bn as u32),
             _ if algo.needs_sm90a() => WGMMA_THREADS,
             MatmulMath::Fma => FMA_THREADS,
             _ => mma_threads(bm as u32, bn as u32),

@@ -24,7 +24,8 @@
 //! Entry points, all `(params, x, w, y, bias, z)`:
 //! * `conv_fwd_igemm_tc_<BMxBN>_<f16|bf16|tf32>` ([`mma_tile`], `mma.sync`);
 //! * `conv_fwd_igemm_tc_gather_<BMxBN>_<f16|bf16|tf32>` (the same, gathering loaders);
-//! * `wgmma_conv_fwd_igemm_128x<BN>_<f16|bf16>` (the `sm90a` build, family `wgmma`).
+//! * `wgmma_conv_fwd_igemm_128x<BN>_<f16|bf16>` (the `sm90a` build, family `wgmma`);
+//!   the same GEMM with both operands copied by TMA is [`super::implicit_gemm_tma`].
 //!
 //! [`PixelWindow`] and [`KTile`] are the reusable im2col address logic (a CUDA-core
 //! gather can walk the same windows).
@@ -575,6 +576,24 @@ impl<T: Element> Epilogue for ConvGemmEpilogue<'_, T> {
     }
 }
 
+impl<'a, T> ConvGemmEpilogue<'a, T> {
+    /// The epilogue of group `group` (output channels from `group * k_per_group`).
+    #[inline(always)]
+    pub fn of_group(
+        p: &'a ConvGemmParams,
+        (y, bias, z): (*mut T, *const T, *const T),
+        group: u32,
+    ) -> Self {
+        Self {
+            p,
+            y,
+            bias,
+            z,
+            k0: group * p.geo.k_per_group,
+        }
+    }
+}
+
 /// Sets up this block's tile (grid `x`: tile, grid `y`: group) and runs `core` on it.
 #[inline(always)]
 unsafe fn for_block<'a, T: Element, LA, LB>(
@@ -591,13 +610,7 @@ unsafe fn for_block<'a, T: Element, LA, LB>(
     let (row0, col0) = (tm * bm, tn * bn);
     let la = LA::new(p, x as *const u8, group, row0);
     let lb = LB::new(p, w as *const u8, group, col0);
-    let ep = ConvGemmEpilogue {
-        p,
-        y,
-        bias,
-        z,
-        k0: group * p.geo.k_per_group,
-    };
+    let ep = ConvGemmEpilogue::of_group(p, (y, bias, z), group);
     core(&la, &lb, &ep, row0, col0);
 }
 

@@ -362,6 +362,59 @@ pub unsafe fn tma_load_3d(dst: u32, map: u64, coords: [u32; 3], bar: u32) {
     )
 }
 
+/// [`tma_load_3d`] for a 4-D tensor map: the box at `coords` (innermost first, signed:
+/// coordinates outside the tensor read as zeros).
+///
+/// # Safety
+/// As [`tma_load_3d`].
+#[inline(always)]
+pub unsafe fn tma_load_4d(dst: u32, map: u64, coords: [i32; 4], bar: u32) {
+    asm!(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{c0}, {c1}, {c2}, {c3}}}], [{bar}];",
+        dst = in(reg32) dst,
+        map = in(reg64) map,
+        c0 = in(reg32) coords[0],
+        c1 = in(reg32) coords[1],
+        c2 = in(reg32) coords[2],
+        c3 = in(reg32) coords[3],
+        bar = in(reg32) bar,
+        options(nostack, preserves_flags)
+    )
+}
+
+/// Starts a TMA im2col copy from the 4-D (`[C, W, H, N]`, innermost first) tensor the
+/// im2col tensor map at `map` describes: the map's pixels-per-column pixels, each its
+/// channels-per-pixel channels from `coords[0]`, walked from pixel `(w, h, n) =
+/// coords[1..] + (offsets, 0)` through the map's pixel box (W fastest, then H, then N, in
+/// the map's traversal strides), to shared `dst`, one row per pixel; pixels in the
+/// padding (outside the tensor) read as zeros. `offsets` = `[w, h]` (the filter tap's
+/// reach) also shift the box.
+///
+/// # Safety
+/// As [`tma_load_3d`], for an im2col map.
+#[inline(always)]
+pub unsafe fn tma_load_im2col_4d(
+    dst: u32,
+    map: u64,
+    coords: [i32; 4],
+    offsets: [u16; 2],
+    bar: u32,
+) {
+    asm!(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{c0}, {c1}, {c2}, {c3}}}], [{bar}], {{{o0}, {o1}}};",
+        dst = in(reg32) dst,
+        map = in(reg64) map,
+        c0 = in(reg32) coords[0],
+        c1 = in(reg32) coords[1],
+        c2 = in(reg32) coords[2],
+        c3 = in(reg32) coords[3],
+        bar = in(reg32) bar,
+        o0 = in(reg16) offsets[0],
+        o1 = in(reg16) offsets[1],
+        options(nostack, preserves_flags)
+    )
+}
+
 /// `setmaxnreg.inc` / `.dec`: this warpgroup's threads take (`INC`) or give back
 /// registers until each has `REGS` (a multiple of 8, 24 to 256). The kernel must declare
 /// its launch register budget (`.maxnreg` or `.maxntid` + `.minnctapersm`, build.rs).

@@ -182,14 +182,25 @@ pub struct TmaOperand<const K_MAJOR: bool> {
     pub batch: u32,
 }
 
-impl<const K_MAJOR: bool> TmaOperand<K_MAJOR> {
-    /// Starts copying the block's `rows` rows (a multiple of [`TMA_BOX`]) of K tile `kt` to
-    /// the [`super::Sw128Atoms`] stage tile at `stage`: box `i` (rows `64 i ..`) at
-    /// `64 i * 128` bytes (K-major rows of 128 bytes, or MN-major column blocks of 64 rows
-    /// by 64 K), completing on the barrier at `bar`.
+/// One operand of a [`wgmma_tma_tile`] block: issues the TMA copies of its stage tiles.
+pub trait TmaTileLoader {
+    /// Whether the stage tiles are K-major (rows of 64 K), else MN-major (column blocks of
+    /// 64 M/N rows by 64 K).
+    const K_MAJOR: bool;
+
+    /// Starts copying the block's `rows` rows (a multiple of [`TMA_BOX`]) of K tile `kt`
+    /// (K elements `64 kt ..`) to the [`super::Sw128Atoms`] stage tile at `stage`: rows
+    /// `64 i ..` at `64 i * 128` bytes, all of them completing on the barrier at `bar`
+    /// (`rows * 128` bytes, zeros outside the operand included).
     ///
     /// # Safety
-    /// [`tma_load_3d`]'s contract for each box.
+    /// Run by one thread; the TMA copies' contract ([`tma_load_3d`]) for every box.
+    unsafe fn load(&self, stage: u32, kt: u32, rows: u32, bar: u32);
+}
+
+impl<const K_MAJOR: bool> TmaTileLoader for TmaOperand<K_MAJOR> {
+    const K_MAJOR: bool = K_MAJOR;
+
     #[inline(always)]
     unsafe fn load(&self, stage: u32, kt: u32, rows: u32, bar: u32) {
         let k = kt * TMA_BOX;
@@ -207,37 +218,40 @@ impl<const K_MAJOR: bool> TmaOperand<K_MAJOR> {
     }
 }
 
-/// Consumer warpgroups of a [`wgmma_tma_tile`] block (after the producer warpgroup).
+/// Consumer warpgroups of a [`wgmma_tma_tile`] block.
 const CONSUMERS: u32 = 2;
-/// Registers per thread of a [`wgmma_tma_tile`] block at launch: 384 threads, one block
-/// per SM (`.maxntid 384` + `.minnctapersm 1` from build.rs: 65536 / 384, rounded down to
-/// a multiple of 8).
+/// Registers per thread of a one-block-per-SM [`wgmma_tma_tile`] block at launch (384
+/// threads; build.rs declares `.maxntid 384` + `.minnctapersm 1`): 65536 / 384, rounded
+/// down to a multiple of 8. ptxas compiles the whole kernel within it.
 const LAUNCH_REGISTERS: u32 = 168;
 /// Registers each producer thread keeps (`setmaxnreg.dec`): one thread issues copies.
 const PRODUCER_REGISTERS: u32 = 40;
-/// Registers each consumer thread takes (`setmaxnreg.inc`): 128 accumulators at BN = 256
-/// and the epilogue. `setmaxnreg.inc` waits, forever, for registers nobody gives back, so
-/// the 256 consumers grow by at most what the 128 producers release.
+/// Registers each consumer thread takes (`setmaxnreg.inc`). `setmaxnreg.inc` waits,
+/// forever, for registers nobody gives back, so the 256 consumers grow by at most what
+/// the 128 producers release.
 const CONSUMER_REGISTERS: u32 = 232;
 const _: () =
     assert!(2 * (CONSUMER_REGISTERS - LAUNCH_REGISTERS) <= LAUNCH_REGISTERS - PRODUCER_REGISTERS);
 
 /// One block's `128 x BN` tile on `wgmma`, warp-specialised, operands copied by TMA:
 /// `acc = A[row0.., :] x B[col0.., :]^T` over K tiles of 64, then every accumulator to
-/// `ep`. `NI = BN / 8`; `a` / `b` say where the tiles lie (`KA` / `KB`: K-major, else
-/// MN-major), 16-bit elements.
+/// `ep`. `NI = BN / 8`; `a` / `b` copy the operands' stage tiles ([`TmaTileLoader`]),
+/// 16-bit elements.
 ///
-/// Warpgroup 0 produces: its thread 0 fills a ring of `STAGES` stages, each guarded by a
+/// The producer's first thread fills a ring of `STAGES` stages, each guarded by a
 /// *full* barrier (its arrival and the stage's bytes) and an *empty* one (one arrival per
-/// consumer warpgroup). Warpgroups 1 and 2 consume: wait on *full*, issue the K tile's
+/// consumer warpgroup). The two consumer warpgroups wait on *full*, issue the K tile's
 /// `wgmma`s, and release a stage once the `wgmma`s that read it retire (one group later);
-/// they never compute an address or issue a copy. `setmaxnreg` moves registers from the
-/// producer warpgroup to the consumers. The consumers then stage their accumulators
+/// they never compute an address or issue a copy. They then stage their accumulators
 /// through the drained stages.
 ///
-/// Shared memory at `smem`: `oxidnn_params::tma_shared_bytes(BN)` bytes. Every thread of
-/// the block (384, three warpgroups) calls it; the kernel declares a 384-thread,
-/// one-block-per-SM register budget (build.rs) for `setmaxnreg`.
+/// Shared memory at `smem`: `oxidnn_params::tma_shared_bytes(BN, STAGES)` bytes. Every
+/// thread of the block (`oxidnn_params::tma_threads(PER_SM)`) calls it; the kernel
+/// declares that many threads and `PER_SM` blocks per SM (build.rs). With one block per
+/// SM the producer is a whole warpgroup (384 threads) whose registers `setmaxnreg` moves
+/// to the consumers; with two (`BN <= 128`, for short K: one block's pipeline fill and
+/// epilogue run while the other multiplies) it is one warp after the consumers (288
+/// threads at 112 registers each).
 ///
 /// # Safety
 /// The tensor maps are valid, describe 16-bit operands with [`TMA_BOX`]-square boxes,
@@ -248,13 +262,14 @@ pub unsafe fn wgmma_tma_tile<
     E,
     const BN: u32,
     const STAGES: u32,
+    const PER_SM: u32,
     const NI: usize,
-    const KA: bool,
-    const KB: bool,
+    LA,
+    LB,
     EP,
 >(
-    a: &TmaOperand<KA>,
-    b: &TmaOperand<KB>,
+    a: &LA,
+    b: &LB,
     k: u32,
     smem: u32,
     ep: &EP,
@@ -262,11 +277,14 @@ pub unsafe fn wgmma_tma_tile<
     col0: u32,
 ) where
     E: WgmmaElement,
+    LA: TmaTileLoader,
+    LB: TmaTileLoader,
     EP: Epilogue,
     [[f32; 4]; NI]: Accumulators,
 {
     const {
         assert!(NI as u32 * 8 == BN && BN % TMA_BOX == 0 && STAGES >= 2);
+        assert!(PER_SM == 1 || (PER_SM == 2 && BN <= 128));
         assert!(TMA_BOX * 2 == MMA_BK_BYTES);
     };
     let bk = MMA_BK_BYTES / E::BYTES;
@@ -279,7 +297,13 @@ pub unsafe fn wgmma_tma_tile<
     let full = |s: u32| barriers + 8 * s;
     let empty = |s: u32| barriers + 8 * (STAGES + s);
     let tid = thread_idx_x();
-    let warpgroup = tid / 128;
+    // One block per SM: the producer is warpgroup 0 (its registers go to the consumers);
+    // two: it is warp 8, after the consumers, and every thread keeps its launch budget.
+    let (producer, consumer_tid) = if PER_SM == 1 {
+        (tid < 128, tid.wrapping_sub(128))
+    } else {
+        (tid >= CONSUMERS * 128, tid)
+    };
     let k_tiles = k.div_ceil(bk);
 
     if tid == 0 {
@@ -291,9 +315,11 @@ pub unsafe fn wgmma_tma_tile<
     }
     sync_threads();
 
-    if warpgroup == 0 {
-        set_max_registers::<false, PRODUCER_REGISTERS>();
-        if tid == 0 {
+    if producer {
+        if PER_SM == 1 {
+            set_max_registers::<false, PRODUCER_REGISTERS>();
+        }
+        if tid == if PER_SM == 1 { 0 } else { CONSUMERS * 128 } {
             for kt in 0..k_tiles {
                 let s = kt % STAGES;
                 if kt >= STAGES {
@@ -307,11 +333,13 @@ pub unsafe fn wgmma_tma_tile<
         }
         sync_warp();
     } else {
-        set_max_registers::<true, CONSUMER_REGISTERS>();
-        let wg_row = (warpgroup - 1) * WG_ROWS;
-        let trans = (!KA, !KB);
+        if PER_SM == 1 {
+            set_max_registers::<true, CONSUMER_REGISTERS>();
+        }
+        let wg_row = (consumer_tid / 128) * WG_ROWS;
+        let trans = (!LA::K_MAJOR, !LB::K_MAJOR);
         let release = |s: u32| {
-            if tid % 128 == 0 {
+            if consumer_tid % 128 == 0 {
                 mbarrier_arrive(empty(s));
             }
             sync_warp();
@@ -320,8 +348,8 @@ pub unsafe fn wgmma_tma_tile<
         for kt in 0..k_tiles {
             let s = kt % STAGES;
             mbarrier_wait(full(s), (kt / STAGES) & 1);
-            let (da, a_step) = operand_descriptor(KA, a_stage(s), wg_row, bk);
-            let (db, b_step) = operand_descriptor(KB, b_stage(s), 0, bk);
+            let (da, a_step) = operand_descriptor(LA::K_MAJOR, a_stage(s), wg_row, bk);
+            let (db, b_step) = operand_descriptor(LB::K_MAJOR, b_stage(s), 0, bk);
             acc.fence_operands();
             wgmma_fence();
             unrolled!(ks in (MMA_BK_BYTES / 2 / WGMMA_K) as usize => {
@@ -342,7 +370,7 @@ pub unsafe fn wgmma_tma_tile<
         // consumer warpgroups are done reading: the stages become the epilogue's staging
         // area, 16 rows of BN per warp.
         bar_sync(1, CONSUMERS * 128);
-        let warp = tid / 32 - 4;
+        let warp = consumer_tid / 32;
         let stage = base + warp * mma_stage_bytes(1, BN);
         let warp_row = wg_row + (warp % 4) * 16;
         store_warp_tile(&[acc], stage, ep, (row0 + warp_row, col0));

@@ -13,6 +13,12 @@
 //! without padding per tap, elements loaded one by one (any layout, any channel count).
 //! y and z take any layout. Groups run as the grid's second dimension (each group is its
 //! own GEMM over its channels).
+//!
+//! On sm_90a, 2-D problems whose x and filter TMA can describe run first on
+//! `wgmma_conv_fwd_tma_128x<BN>_<dt>` (`kernels/src/convolution/implicit_gemm_tma.rs`):
+//! matmul's warp-specialised TMA core, A copied in TMA's im2col mode (the tensor map
+//! walks the output pixels' windows, padding and strides included), B in tiled mode
+//! ([`tma_declines`] says what they need).
 
 use super::{Call, Problem};
 use crate::buffer::Buffer;
@@ -21,9 +27,11 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::launch::{Gpu, LaunchConfig};
 use crate::ops::matmul::MathType;
+use crate::tma::{byte_stride, im2col, tiled, Im2colBox};
 use oxidnn_params::{
-    conv_wgmma_shared_bytes, mma_shared_bytes, mma_threads, ConvGemmParams, FastDivisor,
-    PixelIndex, MMA_BK_BYTES, WGMMA_THREADS,
+    conv_wgmma_shared_bytes, mma_shared_bytes, mma_threads, tma_shared_bytes, tma_threads,
+    ConvGemmParams, FastDivisor, PixelIndex, TmaOperands, MMA_BK_BYTES, TMA_BOX, WGMMA_BM,
+    WGMMA_THREADS,
 };
 
 /// One block tile of the implicit GEMM: `bm` pixels by `bn` output channels, on `wgmma`
@@ -33,13 +41,20 @@ struct Tile {
     bm: u32,
     bn: u32,
     wgmma: bool,
+    /// The warp-specialised `wgmma` tile whose operands TMA copies
+    /// (`wgmma_conv_fwd_tma_*`).
+    tma: bool,
     /// The element-gathering loaders over the flattened K (`conv_fwd_igemm_tc_gather_*`).
     gather: bool,
 }
 
-/// The tiles in order of preference (largest first, Hopper's first); a dtype has the
-/// ones whose kernels exist. The gather tiles run what the `cp.async` ones cannot.
-const TILES: [Tile; 10] = [
+/// The tiles in order of preference (largest first, Hopper's first, TMA's before
+/// `cp.async`'s); a dtype has the ones whose kernels exist. The gather tiles run what the
+/// `cp.async` ones cannot.
+const TILES: [Tile; 13] = [
+    Tile::tma(256),
+    Tile::tma(128),
+    Tile::tma(64),
     Tile::new(128, 256, true),
     Tile::new(128, 128, true),
     Tile::new(128, 64, true),
@@ -66,6 +81,17 @@ impl Tile {
             bm,
             bn,
             wgmma,
+            tma: false,
+            gather: false,
+        }
+    }
+
+    const fn tma(bn: u32) -> Self {
+        Self {
+            bm: WGMMA_BM,
+            bn,
+            wgmma: true,
+            tma: true,
             gather: false,
         }
     }
@@ -75,12 +101,31 @@ impl Tile {
             bm,
             bn,
             wgmma: false,
+            tma: false,
             gather: true,
         }
     }
 
+    /// The tile's name for `OXIDNN_CONV_IGEMM_TILE`: `BMxBN`, then `w` for the `cp.async`
+    /// `wgmma` tiles or `t` for the TMA ones.
+    fn label(&self) -> String {
+        let kind = match (self.wgmma, self.tma) {
+            (_, true) => "t",
+            (true, false) => "w",
+            _ => "",
+        };
+        format!("{}x{}{kind}", self.bm, self.bn)
+    }
+
     fn kernel(&self, dtype: DataType) -> Option<&'static str> {
-        let name = if self.wgmma {
+        let name = if self.tma {
+            format!(
+                "wgmma_conv_fwd_tma_{}x{}_{}",
+                self.bm,
+                self.bn,
+                operand_name(dtype)
+            )
+        } else if self.wgmma {
             format!(
                 "wgmma_conv_fwd_igemm_{}x{}_{}",
                 self.bm,
@@ -111,7 +156,9 @@ impl Tile {
     }
 
     fn threads(&self) -> u32 {
-        if self.wgmma {
+        if self.tma {
+            tma_threads(self.bn)
+        } else if self.wgmma {
             WGMMA_THREADS
         } else {
             mma_threads(self.bm, self.bn)
@@ -119,7 +166,9 @@ impl Tile {
     }
 
     fn shared_bytes(&self) -> u32 {
-        if self.wgmma {
+        if self.tma {
+            tma_shared_bytes(self.bn)
+        } else if self.wgmma {
             conv_wgmma_shared_bytes(self.bn)
         } else {
             mma_shared_bytes(self.bm, self.bn)
@@ -224,9 +273,111 @@ fn copy_declines(p: &Problem) -> Option<String> {
     None
 }
 
+/// The largest magnitude of an im2col pixel-box corner of a 4-D tensor map (8 signed
+/// bits), and of a copy's offsets (8 unsigned bits).
+const IM2COL_CORNER: i64 = 128;
+const IM2COL_OFFSET: u64 = 256;
+/// The largest traversal stride of a tensor map.
+const TMA_MAX_STRIDE: u32 = 8;
+
+/// The pixel box (per spatial dim `[w, h]`) of x's im2col map: from `-pad`, as many
+/// positions at the convolution's stride as the output has, so that the map walks the
+/// output pixels' window origins in GEMM row order (each copy's offsets then shift the
+/// box to its filter tap).
+fn im2col_box(p: &Problem) -> Im2colBox {
+    let g = &p.geo;
+    let corner = |j: usize| {
+        let upper =
+            (g.output[j] as i64 - 1) * g.stride[j] as i64 + 1 - g.input[j] as i64 - g.pad[j] as i64;
+        (-(g.pad[j] as i64), upper)
+    };
+    let (w, h) = (corner(2), corner(1));
+    Im2colBox {
+        lower: [w.0 as i32, h.0 as i32],
+        upper: [w.1 as i32, h.1 as i32],
+        strides: [g.stride[2], g.stride[1]],
+        channels: TMA_BOX,
+        pixels: WGMMA_BM,
+    }
+}
+
+/// Why the TMA tiles (`wgmma_conv_fwd_tma_*`) cannot run the problem, or `None` if they
+/// can: 2-D, f16/bf16 on tensor cores, x and the filter channel-contiguous with 16-byte
+/// aligned other strides (TMA's rule), channels per group a whole number of 64-channel
+/// copies when there are several groups (a copy must not reach into the next group's
+/// channels), and a window a 4-D im2col map can describe (pixel-box corners within 8
+/// signed bits, tap reach within 8 bits, strides at most 8).
+fn tma_declines(p: &Problem) -> Option<String> {
+    let g = &p.geo;
+    if p.math != MathType::TensorOp || !matches!(p.dtype, DataType::F16 | DataType::BF16) {
+        return Some("TMA tiles take f16/bf16 with TensorOp math".to_string());
+    }
+    if g.input[0] != 1 || g.filter[0] != 1 {
+        return Some("TMA tiles take 2-D convolutions".to_string());
+    }
+    if let Some(why) = copy_declines(p) {
+        return Some(why);
+    }
+    if g.groups > 1 && !g.c_per_group.is_multiple_of(TMA_BOX) {
+        return Some(format!(
+            "{} channels per group are not a multiple of {TMA_BOX} with {} groups",
+            g.c_per_group, g.groups
+        ));
+    }
+    if (1..3).any(|j| g.stride[j] > TMA_MAX_STRIDE) {
+        return Some(format!(
+            "strides {:?} exceed TMA's {TMA_MAX_STRIDE}",
+            g.stride
+        ));
+    }
+    if (1..3).any(|j| (g.filter[j] as u64 - 1) * g.dilation[j] as u64 >= IM2COL_OFFSET) {
+        return Some(format!(
+            "the dilated filter reaches {IM2COL_OFFSET} pixels or more, past an im2col offset"
+        ));
+    }
+    let walk = im2col_box(p);
+    let corners = walk.lower.iter().chain(&walk.upper);
+    if corners
+        .clone()
+        .any(|&c| !(-IM2COL_CORNER..IM2COL_CORNER).contains(&(c as i64)))
+    {
+        return Some(format!(
+            "the im2col pixel box {:?}..{:?} (padding and output extents) exceeds the 8-bit corners",
+            walk.lower, walk.upper
+        ));
+    }
+    None
+}
+
+/// The tensor maps of a TMA tile: x in im2col mode ([`im2col_box`]), the filter tiled as
+/// `[C, S, R, K]` in boxes of 64 channels by 64 output channels.
+fn tma_maps(call: &Call) -> Result<TmaOperands> {
+    let p = call.p;
+    let g = &p.geo;
+    let bytes = p.dtype.size_bytes() as u64;
+    let x_dims = [g.c, g.input[2], g.input[1], g.n].map(u64::from);
+    let xw = byte_stride(g.x[4] as u64, bytes, x_dims[0] * bytes);
+    let xh = byte_stride(g.x[3] as u64, bytes, x_dims[1] * xw);
+    let xn = byte_stride(g.x[0] as u64, bytes, x_dims[2] * xh);
+    let a = im2col(p.dtype, call.ptrs.x, x_dims, [xw, xh, xn], &im2col_box(p))?;
+    let w_dims = [g.c_per_group, g.filter[2], g.filter[1], g.k].map(u64::from);
+    let ws = byte_stride(g.w[4] as u64, bytes, w_dims[0] * bytes);
+    let wr = byte_stride(g.w[3] as u64, bytes, w_dims[1] * ws);
+    let wk = byte_stride(g.w[0] as u64, bytes, w_dims[2] * wr);
+    let b = tiled(
+        p.dtype,
+        call.ptrs.w,
+        w_dims,
+        &[ws, wr, wk],
+        [TMA_BOX, 1, 1, TMA_BOX],
+    )?;
+    Ok(TmaOperands { a, b })
+}
+
 /// The tile for this problem on `gpu`.
 ///
-/// On sm_90a with K >= 256, the `wgmma` tile with the least work on the busiest SM:
+/// On sm_90a with K >= 256, the `wgmma` tile with the least work on the busiest SM, among
+/// the TMA tiles where [`tma_declines`] accepts the problem, else the `cp.async` ones:
 /// `ceil(blocks / SMs)` blocks there, each costing its [`Tile::wgmma_cost`] (columns past
 /// the group's channels included). That weighs the larger tiles' efficiency against the
 /// SMs they leave idle: on ResNet-50's 3x3 layers at N = 32 (H100) it picks 128x64 for
@@ -240,30 +391,30 @@ fn copy_declines(p: &Problem) -> Option<String> {
 /// Problems the `cp.async` kernels cannot copy ([`copy_declines`]) choose among the
 /// gather tiles alone, the same way.
 ///
-/// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`) forces a tile, for tuning and
-/// tests; naming one without a kernel for the problem is an error.
+/// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`, `BMxBNt` for TMA) forces a
+/// tile, for tuning and tests; naming one without a kernel for the problem is an error.
 fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     let g = &p.geo;
     let gather = copy_declines(p).is_some();
     let (m, k_tiles) = gemm_extents(p, gather);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
+    let tma = gpu.is_sm90a() && tma_declines(p).is_none();
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
         .filter(|t| t.gather == gather)
         .filter(|t| !t.wgmma || gpu.is_sm90a())
+        .filter(|t| !t.tma || tma)
         .filter_map(|t| t.kernel(p.dtype).map(|name| (t, name)))
         .collect();
     if let Ok(forced) = std::env::var("OXIDNN_CONV_IGEMM_TILE") {
         return available
             .iter()
-            .find(|(t, _)| {
-                forced == format!("{}x{}{}", t.bm, t.bn, if t.wgmma { "w" } else { "" })
-            })
+            .find(|(t, _)| forced == t.label())
             .copied()
             .ok_or_else(|| {
                 Error::unsupported(format!(
-                    "OXIDNN_CONV_IGEMM_TILE={forced} names no implicit-GEMM tile for this problem (BMxBN, `w` for wgmma)"
+                    "OXIDNN_CONV_IGEMM_TILE={forced} names no implicit-GEMM tile for this problem (BMxBN, `w` for wgmma, `t` for TMA)"
                 ))
             });
     }
@@ -278,7 +429,7 @@ fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
     let wgmma = available
         .iter()
         .map(|&(t, _)| t)
-        .filter(|t| t.wgmma && k >= 256)
+        .filter(|t| t.wgmma && t.tma == tma && k >= 256)
         .min_by_key(|t| blocks(t).div_ceil(sms) * t.wgmma_cost());
     let mma: Vec<Tile> = available
         .iter()
@@ -329,6 +480,18 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         shared_bytes: tile.shared_bytes(),
     };
     let pointers = call.kernel_pointers(y)?;
+    if tile.tma {
+        let maps = tma_maps(call)?;
+        // SAFETY: the kernel's signature is `(ConvGemmParams, 5 pointers, TmaOperands)`;
+        // it reads x and the filter only through the tensor maps, which describe exactly
+        // their tensors (dims and byte strides from the checked descriptors, addresses of
+        // their buffers), so TMA reads nothing outside them and fills the rest with zeros;
+        // y, bias and z as for the other tiles below.
+        return unsafe {
+            call.gpu
+                .launch_with_last(kernel, cfg, &params, &pointers, &maps)
+        };
+    }
     // SAFETY: x, w, y, bias and z were checked to hold their descriptors' spans, which the
     // geometry's dims and strides describe; every span is below 2^31 elements (checked by
     // the algorithm), so the kernel's 32-bit offsets do not wrap for any element inside;
@@ -341,4 +504,103 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     // K tiles cover taps * c_per_group, the rest zeros); bias and z
     // are read only when the epilogue has them, which is exactly when they were given.
     unsafe { call.gpu.launch(kernel, cfg, &params, &pointers) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::Handle;
+    use crate::ops::convolution::{
+        convolution_forward_output_dims, ConvEpilogue, ConvMode, ConvolutionDescriptor,
+        FilterDescriptor, FilterLayout,
+    };
+    use crate::TensorDescriptor;
+
+    /// A channels-last f16 problem: x `[n, c, hw..]`, a KRSC filter of `k` x `filter`.
+    fn problem(
+        (n, c, k, hw): (usize, usize, usize, &[usize]),
+        filter: &[usize],
+        (pad, stride, groups): (&[usize], &[usize], usize),
+    ) -> Problem {
+        let s = hw.len();
+        let conv = ConvolutionDescriptor::new(
+            pad,
+            stride,
+            &vec![1; s],
+            ConvMode::CrossCorrelation,
+            MathType::TensorOp,
+        )
+        .unwrap()
+        .with_groups(groups)
+        .unwrap();
+        let x = TensorDescriptor::spatial(DataType::F16, n, c, hw, crate::Layout::ChannelsLast)
+            .unwrap();
+        let w = FilterDescriptor::new(DataType::F16, FilterLayout::Krsc, k, c / groups, filter)
+            .unwrap();
+        let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+        let y = TensorDescriptor::spatial(
+            DataType::F16,
+            yd[0],
+            yd[1],
+            &yd[2..],
+            crate::Layout::ChannelsLast,
+        )
+        .unwrap();
+        Problem::new(&Handle::cpu(), &x, &w, &conv, &y, &ConvEpilogue::default()).unwrap()
+    }
+
+    /// The im2col pixel box runs from `-pad` over exactly the output's extent at the
+    /// convolution's stride, `[w, h]` order.
+    #[test]
+    fn im2col_box_spans_the_output_windows() {
+        // 3x3, pad 1, stride 1 on 56x56: [-1, 56 - 1).
+        let b = im2col_box(&problem(
+            (2, 64, 64, &[56, 56]),
+            &[3, 3],
+            (&[1, 1], &[1, 1], 1),
+        ));
+        assert_eq!((b.lower, b.upper, b.strides), ([-1, -1], [-1, -1], [1, 1]));
+        // 1x1 at stride 2 on 56x56: 28 positions from 0, (28 - 1) * 2 + 1 - 56 = -1.
+        let b = im2col_box(&problem(
+            (2, 256, 512, &[56, 56]),
+            &[1, 1],
+            (&[0, 0], &[2, 2], 1),
+        ));
+        assert_eq!((b.lower, b.upper, b.strides), ([0, 0], [-1, -1], [2, 2]));
+        // Asymmetric: h 9 with 3x5, pad (2, 1), stride (2, 1); w 7.
+        let b = im2col_box(&problem(
+            (1, 64, 64, &[9, 7]),
+            &[3, 5],
+            (&[2, 1], &[2, 1], 1),
+        ));
+        // h: out (9 + 4 - 3) / 2 + 1 = 6, upper (6 - 1) * 2 + 1 - 9 - 2 = 0;
+        // w: out 7 + 2 - 5 + 1 = 5, upper 5 - 7 - 1 = -3.
+        assert_eq!((b.lower, b.upper, b.strides), ([-1, -2], [-3, 0], [1, 2]));
+        assert_eq!((b.channels, b.pixels), (TMA_BOX, WGMMA_BM));
+    }
+
+    /// The TMA tiles take 2-D channels-last f16/bf16 problems and say why they take no
+    /// others.
+    #[test]
+    fn tma_tiles_say_why_they_decline() {
+        let accepted = problem((2, 64, 64, &[14, 14]), &[3, 3], (&[1, 1], &[1, 1], 1));
+        assert_eq!(tma_declines(&accepted), None);
+        // Channels not a multiple of 64 are zero-filled past C when there is one group.
+        let c24 = problem((2, 24, 64, &[14, 14]), &[3, 3], (&[1, 1], &[1, 1], 1));
+        assert_eq!(tma_declines(&c24), None);
+        let three_d = problem((1, 64, 64, &[4, 6, 6]), &[3, 3, 3], (&[1; 3], &[1; 3], 1));
+        assert!(tma_declines(&three_d).unwrap().contains("2-D"));
+        let groups = problem((1, 64, 64, &[6, 6]), &[3, 3], (&[1, 1], &[1, 1], 2));
+        assert!(tma_declines(&groups)
+            .unwrap()
+            .contains("32 channels per group"));
+        let grouped_64 = problem((1, 128, 64, &[6, 6]), &[3, 3], (&[1, 1], &[1, 1], 2));
+        assert_eq!(tma_declines(&grouped_64), None);
+        let stride = problem((1, 64, 64, &[40, 40]), &[3, 3], (&[1, 1], &[9, 9], 1));
+        assert!(tma_declines(&stride).unwrap().contains("strides"));
+        let pad = problem((1, 64, 64, &[6, 6]), &[3, 3], (&[130, 1], &[1, 1], 1));
+        assert!(tma_declines(&pad).unwrap().contains("pixel box"));
+        let odd = problem((1, 12, 64, &[6, 6]), &[3, 3], (&[1, 1], &[1, 1], 1));
+        assert!(tma_declines(&odd).unwrap().contains("multiple of 8"));
+    }
 }
