@@ -249,10 +249,9 @@ fn declare_dynamic_smem(ptx: &str) -> String {
 /// The TMA `wgmma` kernels: one block of three warpgroups (168 registers each at launch),
 /// which `setmaxnreg` then moves from the producer warpgroup to the consumers.
 const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
-    // The TMA tiles: `oxidnn_params::tma_threads` and `tma_blocks_per_sm` (the widest one
-    // before the general prefix).
-    ("wgmma_matmul_tma_128x256_", 384, 1),
-    ("wgmma_matmul_tma_", 288, 2),
+    // The TMA tiles: `oxidnn_params::tma_threads` (one block per SM for matmul's;
+    // `conv_tma_blocks_per_sm` for the convolution's, the widest before the general prefix).
+    ("wgmma_matmul_tma_", 384, 1),
     ("wgmma_conv_fwd_tma_128x256_", 384, 1),
     ("wgmma_conv_fwd_tma_", 288, 2),
     ("matmul_mma_64x64s_kk_", 128, 4),

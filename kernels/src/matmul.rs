@@ -33,8 +33,8 @@ use oxidnn_params::{
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{
-    tma_blocks_per_sm, tma_shared_bytes, tma_stages, wgmma_shared_bytes, wgmma_stages, TensorMap,
-    TmaOperands, WGMMA_BM, WGMMA_THREADS,
+    tma_shared_bytes, tma_stages, wgmma_shared_bytes, wgmma_stages, TensorMap, TmaOperands,
+    WGMMA_BM, WGMMA_THREADS,
 };
 
 /// One operand of one block: the `rows x k` matrix starting at the block's first row (M for
@@ -841,7 +841,7 @@ unsafe fn matmul_wgmma_tma<
 macro_rules! wgmma_tma_kernels {
     ($dt:ident, $E:ty, $bn:literal) => {
         const _: () = assert!(
-            mma_stage_bytes(8, $bn) <= tma_shared_bytes($bn) - 1024
+            mma_stage_bytes(8, $bn) <= tma_shared_bytes($bn, 1) - 1024
                 && 64 * <$E as MmaElement>::BYTES == MMA_BK_BYTES
         );
         wgmma_tma_kernels!(@one $dt, $E, $bn, k, true, k, true);
@@ -861,7 +861,7 @@ macro_rules! wgmma_tma_kernels {
                     "_param_6"
                 ));
                 matmul_wgmma_tma::<
-                    $E, $bn, { tma_stages($bn) }, { tma_blocks_per_sm($bn) }, { $bn / 8 }, $ka, $kb,
+                    $E, $bn, { tma_stages($bn, 1) }, 1, { $bn / 8 }, $ka, $kb,
                 >(
                     &p, maps, (d, bias, z),
                 )

@@ -25,10 +25,11 @@ pub use batch_norm::{
     BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
-    conv_igemm_table_bytes, conv_wgmma_shared_bytes, conv_wgmma_stages, ConvDepthwiseParams,
-    ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams, ConvWinogradParams,
-    PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS,
-    CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP, DW_STRIP_THREADS, DW_THREADS,
+    conv_igemm_table_bytes, conv_tma_blocks_per_sm, conv_wgmma_shared_bytes, conv_wgmma_stages,
+    ConvDepthwiseParams, ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams,
+    ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS,
+    CONV_IGEMM_REDUCE_THREADS, CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP,
+    DW_STRIP_THREADS, DW_THREADS,
 };
 pub use divisor::FastDivisor;
 pub use dropout::{
@@ -47,9 +48,9 @@ pub use lrn::{
 };
 pub use matmul::{
     fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads,
-    tile_coords, tma_blocks_per_sm, tma_shared_bytes, tma_stages, tma_threads, wgmma_shared_bytes,
-    wgmma_stages, BiasMode, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout,
-    OutputType, TensorMap, TmaOperands, FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+    tile_coords, tma_shared_bytes, tma_stages, tma_threads, wgmma_shared_bytes, wgmma_stages,
+    BiasMode, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
+    TensorMap, TmaOperands, FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES,
     MMA_SHORT_K_STAGES, TMA_BOX, WGMMA_BM, WGMMA_THREADS,
 };
 pub use philox::philox4x32_10;

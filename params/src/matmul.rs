@@ -201,40 +201,30 @@ pub struct TmaOperands {
 /// Rows (M/N) and K elements of one TMA box: 64 x 64 16-bit elements, 8 KB, one
 /// 128-byte swizzle row of K per row (K-major) or of M/N per K (MN-major).
 pub const TMA_BOX: u32 = 64;
-/// Threads of a TMA `wgmma` `128 x bn` tile: two consumer warpgroups and a producer, a
-/// whole warpgroup with one block per SM ([`tma_blocks_per_sm`]; its registers go to the
-/// consumers), one warp with two.
-pub const fn tma_threads(bn: u32) -> u32 {
-    if tma_blocks_per_sm(bn) == 1 {
+/// Pipeline depth of a TMA `wgmma` `128 x bn` tile of which `per_sm` blocks share an SM:
+/// as many stages as fit in its share of 192 KB of shared memory (one block: 4 stages
+/// for `bn = 256`, 6 for 128, 8 for 64; two: 3 for 128, 4 for 64).
+pub const fn tma_stages(bn: u32, per_sm: u32) -> u32 {
+    (192 * 1024 / per_sm) / ((WGMMA_BM + bn) * MMA_BK_BYTES)
+}
+
+/// Dynamic shared memory of a TMA `wgmma` `128 x bn` tile ([`tma_stages`]`(bn, per_sm)`
+/// stages), 1 KB of alignment slack, and two 8-byte barriers per stage (data landed;
+/// stage free).
+pub const fn tma_shared_bytes(bn: u32, per_sm: u32) -> u32 {
+    let stages = tma_stages(bn, per_sm);
+    (WGMMA_BM + bn) * MMA_BK_BYTES * stages + 1024 + 2 * 8 * stages
+}
+
+/// Threads of a TMA `wgmma` block of which `per_sm` share an SM: two consumer
+/// warpgroups and a producer, a whole warpgroup with one block per SM (its registers go
+/// to the consumers), one warp with two (every thread keeps 112 registers).
+pub const fn tma_threads(per_sm: u32) -> u32 {
+    if per_sm == 1 {
         384
     } else {
         288
     }
-}
-
-/// Blocks per SM of a TMA `wgmma` `128 x bn` tile: two for `bn <= 128` (so that one
-/// block's pipeline fill and epilogue run while the other multiplies: short K, as in
-/// convolutions and skinny matmuls, loses little to them), one for 256 (its
-/// accumulators need the registers).
-pub const fn tma_blocks_per_sm(bn: u32) -> u32 {
-    if bn <= 128 {
-        2
-    } else {
-        1
-    }
-}
-
-/// Pipeline depth of a TMA `wgmma` `128 x bn` tile: as many stages as fit in the
-/// shared memory of its share of the SM (192 KB for one block, 96 for each of two: 4
-/// stages for `bn = 256` and 64, 3 for 128).
-pub const fn tma_stages(bn: u32) -> u32 {
-    (192 * 1024 / tma_blocks_per_sm(bn)) / ((WGMMA_BM + bn) * MMA_BK_BYTES)
-}
-
-/// Dynamic shared memory of a TMA `wgmma` `128 x bn` tile: [`tma_stages`] stages, 1 KB
-/// of alignment slack, and two 8-byte barriers per stage (data landed; stage free).
-pub const fn tma_shared_bytes(bn: u32) -> u32 {
-    (WGMMA_BM + bn) * MMA_BK_BYTES * tma_stages(bn) + 1024 + 2 * 8 * tma_stages(bn)
 }
 
 /// K per stage of the exact-f32 (FMA) kernels.

@@ -962,7 +962,7 @@ impl Problem {
     fn threads(&self, algo: MatmulAlgo) -> u32 {
         let (bm, bn) = algo.tile();
         match self.math {
-            _ if algo.tma() => tma_threads(bn as u32),
+            _ if algo.tma() => tma_threads(1),
             _ if algo.needs_sm90a() => WGMMA_THREADS,
             MatmulMath::Fma => FMA_THREADS,
             _ => mma_threads(bm as u32, bn as u32),
@@ -972,7 +972,7 @@ impl Problem {
     fn shared_bytes(&self, algo: MatmulAlgo) -> u32 {
         let (bm, bn) = algo.tile();
         match self.math {
-            _ if algo.tma() => tma_shared_bytes(bn as u32),
+            _ if algo.tma() => tma_shared_bytes(bn as u32, 1),
             _ if algo.needs_sm90a() => wgmma_shared_bytes(bn as u32),
             MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
             _ if algo.short_k() => {

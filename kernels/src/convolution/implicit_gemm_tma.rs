@@ -28,7 +28,7 @@ use crate::element::{Bf16, Element, F16};
 use crate::gemm::hopper::{wgmma_tma_tile, TmaTileLoader, WgmmaElement};
 use crate::gemm::{mma_stage_bytes, MmaElement};
 use oxidnn_params::{
-    tile_coords, tma_blocks_per_sm, tma_shared_bytes, tma_stages, ConvGemmParams, TensorMap,
+    conv_tma_blocks_per_sm, tile_coords, tma_shared_bytes, tma_stages, ConvGemmParams, TensorMap,
     TmaOperands, MMA_BK_BYTES, TMA_BOX, WGMMA_BM,
 };
 
@@ -143,7 +143,7 @@ unsafe fn conv_tma<E, const BN: u32, const STAGES: u32, const PER_SM: u32, const
 macro_rules! conv_tma_kernel {
     ($dt:ident, $E:ty, $bn:literal) => {
         const _: () = assert!(
-            mma_stage_bytes(8, $bn) <= tma_shared_bytes($bn) - 1024
+            mma_stage_bytes(8, $bn) <= tma_shared_bytes($bn, conv_tma_blocks_per_sm($bn)) - 1024
                 && TMA_BOX * <$E as MmaElement>::BYTES == MMA_BK_BYTES
         );
         paste::paste! {
@@ -160,7 +160,7 @@ macro_rules! conv_tma_kernel {
                     stringify!([<wgmma_conv_fwd_tma_128x $bn _ $dt>]),
                     "_param_6"
                 ));
-                conv_tma::<$E, $bn, { tma_stages($bn) }, { tma_blocks_per_sm($bn) }, { $bn / 8 }>(
+                conv_tma::<$E, $bn, { tma_stages($bn, conv_tma_blocks_per_sm($bn)) }, { conv_tma_blocks_per_sm($bn) }, { $bn / 8 }>(
                     &p, maps, (y, bias, z),
                 )
             }

@@ -29,9 +29,9 @@ use crate::launch::{Gpu, LaunchConfig};
 use crate::ops::matmul::MathType;
 use crate::tma::{byte_stride, im2col, tiled, Im2colBox};
 use oxidnn_params::{
-    conv_wgmma_shared_bytes, mma_shared_bytes, mma_threads, tma_shared_bytes, tma_threads,
-    ConvGemmParams, FastDivisor, PixelIndex, TmaOperands, MMA_BK_BYTES, TMA_BOX, WGMMA_BM,
-    WGMMA_THREADS,
+    conv_tma_blocks_per_sm, conv_wgmma_shared_bytes, mma_shared_bytes, mma_threads,
+    tma_shared_bytes, tma_threads, ConvGemmParams, FastDivisor, PixelIndex, TmaOperands,
+    MMA_BK_BYTES, TMA_BOX, WGMMA_BM, WGMMA_THREADS,
 };
 
 /// One block tile of the implicit GEMM: `bm` pixels by `bn` output channels, on `wgmma`
@@ -157,7 +157,7 @@ impl Tile {
 
     fn threads(&self) -> u32 {
         if self.tma {
-            tma_threads(self.bn)
+            tma_threads(conv_tma_blocks_per_sm(self.bn))
         } else if self.wgmma {
             WGMMA_THREADS
         } else {
@@ -167,7 +167,7 @@ impl Tile {
 
     fn shared_bytes(&self) -> u32 {
         if self.tma {
-            tma_shared_bytes(self.bn)
+            tma_shared_bytes(self.bn, conv_tma_blocks_per_sm(self.bn))
         } else if self.wgmma {
             conv_wgmma_shared_bytes(self.bn)
         } else {
