@@ -372,12 +372,16 @@ fn exact_on_integers_across_tile_edges_for_every_algorithm_and_copy_path() {
         ];
         // Sizes crossing 64/128/256 tile edges and K-stage edges; pads 0 keep leading
         // dims 16-byte aligned where the sizes are (cp.async paths), pad 1 forces gathers.
+        // The last two have fewer K tiles than the pipelines have stages (K = 17: 3 tiles
+        // of 8, 2 of 16; K = 1).
         let shapes = [
             (257, 131, 515),
             (64, 256, 64),
             (129, 300, 33),
             (1, 263, 97),
             (190, 1, 40),
+            (70, 45, 17),
+            (40, 129, 1),
         ];
         let mut r = rng(11);
         for (input, math) in precisions {

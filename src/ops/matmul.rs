@@ -43,9 +43,9 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_threads, tma_shared_bytes,
-    wgmma_shared_bytes, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout,
-    OutputType, TmaOperands, FMA_THREADS, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX, TMA_THREADS,
+    fma_matmul_shared_bytes, fma_matmul_threads, mma_shared_bytes, mma_shared_bytes_staged,
+    mma_threads, tma_shared_bytes, wgmma_shared_bytes, EpilogueOps, EpilogueParams,
+    MatmulParams, OperandLayout, OutputLayout, OutputType, TmaOperands, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX, TMA_THREADS,
     WGMMA_THREADS,
 };
 
@@ -964,7 +964,7 @@ impl Problem {
         match self.math {
             _ if algo.tma() => TMA_THREADS,
             _ if algo.needs_sm90a() => WGMMA_THREADS,
-            MatmulMath::Fma => FMA_THREADS,
+            MatmulMath::Fma => fma_matmul_threads(bm as u32, bn as u32),
             _ => mma_threads(bm as u32, bn as u32),
         }
     }
@@ -974,7 +974,7 @@ impl Problem {
         match self.math {
             _ if algo.tma() => tma_shared_bytes(bn as u32),
             _ if algo.needs_sm90a() => wgmma_shared_bytes(bn as u32),
-            MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
+            MatmulMath::Fma => fma_matmul_shared_bytes(bm as u32, bn as u32),
             _ if algo.short_k() => {
                 mma_shared_bytes_staged(bm as u32, bn as u32, MMA_SHORT_K_STAGES)
             }
