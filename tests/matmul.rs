@@ -1043,6 +1043,27 @@ fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
     }
 }
 
+/// Exact f32 keeps its big pipelined tile at short K when the blocks still fill the GPU
+/// (4096x4096, K = 16 and 128: 128 x 256 ran 1.2x / 1.5x faster than 64 x 64, H100), and
+/// takes the small tile when no big one would (RNN gates, N = 16) or the problem is small.
+#[test]
+fn heuristic_keeps_exact_f32_short_k_on_the_big_tile() {
+    let desc = |dims: &[usize]| TensorDescriptor::packed(DataType::F32, dims).unwrap();
+    let h = Handle::cpu();
+    for ((m, n, k), want) in [
+        ((4096, 4096, 16), MatmulAlgo::Tile128x256),
+        ((4096, 4096, 128), MatmulAlgo::Tile128x256),
+        ((4096, 4096, 4096), MatmulAlgo::Tile128x256),
+        ((2048, 16, 512), MatmulAlgo::Tile64x64),
+        ((1024, 1024, 1024), MatmulAlgo::Tile64x64),
+    ] {
+        let (a, b, c) = (desc(&[m, k]), desc(&[k, n]), desc(&[m, n]));
+        let algo =
+            get_matmul_algorithm(&h, &MatmulDescriptor::new(MatmulMath::Fma), &a, &b, &c).unwrap();
+        assert_eq!(algo, want, "{m}x{n}x{k}");
+    }
+}
+
 /// Short-K timings (`find`, median of 10): `cargo test --release --test matmul -- --ignored
 /// --nocapture time_short_k`.
 #[test]

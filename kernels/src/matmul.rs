@@ -28,9 +28,9 @@ use crate::{
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
-    fma_matmul_thread_tile, fma_matmul_threads, mma_shared_bytes_staged, mma_stages,
-    mma_threads, tile_coords, BiasMode, EpilogueParams, MatmulParams, OperandLayout,
-    OutputType, FMA_STAGES, MMA_BK_BYTES, MMA_SHORT_K_STAGES,
+    fma_matmul_thread_tile, fma_matmul_threads, mma_shared_bytes_staged, mma_stages, mma_threads,
+    tile_coords, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, FMA_STAGES,
+    MMA_BK_BYTES, MMA_SHORT_K_STAGES,
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{

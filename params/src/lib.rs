@@ -47,10 +47,10 @@ pub use lrn::{
 };
 pub use matmul::{
     fma_matmul_shared_bytes, fma_matmul_thread_tile, fma_matmul_threads, fma_shared_bytes,
-    mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads,
-    tile_coords, tma_shared_bytes, wgmma_shared_bytes, wgmma_stages, BiasMode, EpilogueOps,
-    EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, TensorMap, TmaOperands,
-    FMA_BK, FMA_STAGES, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX,
+    mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads, tile_coords,
+    tma_shared_bytes, wgmma_shared_bytes, wgmma_stages, BiasMode, EpilogueOps, EpilogueParams,
+    MatmulParams, OperandLayout, OutputLayout, OutputType, TensorMap, TmaOperands, FMA_BK,
+    FMA_STAGES, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX,
     TMA_THREADS, WGMMA_BM, WGMMA_THREADS,
 };
 pub use philox::philox4x32_10;
