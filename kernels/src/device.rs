@@ -780,6 +780,24 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     );
 }
 
+/// `cp.async` of one 4-byte word, global -> shared, through L1 (`.ca`: 4-byte copies
+/// cannot bypass it): `src_bytes` (4 or 0) come from `src`, the rest is zero-filled.
+/// Word copies can scatter a tile into any shared layout (the exact-f32 core stores its
+/// operands transposed, `[k][mn]`), which 16-byte chunks cannot.
+///
+/// # Safety
+/// `dst` is a 4-byte aligned shared address of the block; `src` is 4-byte aligned and
+/// readable global memory when `src_bytes` is 4 (any address when 0). The copy completes
+/// only at a [`cp_async_wait`] for its group.
+#[inline(always)]
+pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+    asm!(
+        "cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes,
+        options(nostack, preserves_flags),
+    );
+}
+
 /// Closes the group of this thread's `cp.async`s issued since the last commit.
 #[inline(always)]
 pub fn cp_async_commit() {

@@ -11,6 +11,9 @@
 //!   for tf32) into f32 accumulators. Each warp owns an `MI*16 x NI*8` warp tile.
 //! * [`fma_tile`]: exact f32 on CUDA cores. Register-staged double buffering; each thread
 //!   owns a `TM x TN` register tile (split in quarters to keep shared loads conflict-free).
+//!   [`fma_tile_ahead`] fetches two K tiles ahead (the implicit GEMM's gathers).
+//! * [`fma_tile_async`]: exact f32 with a `cp.async` ring of `[k][mn]` stages (strided
+//!   operands, matmul) and warp tiles whose fragment loads are conflict-free.
 
 use crate::device::{
     cp_async_commit, cp_async_wait, f32_to_tf32, ld_shared_u32, ld_shared_v2, ld_shared_v4,
@@ -635,6 +638,164 @@ pub unsafe fn fma_tile_ahead<
     });
     sync_threads();
     drain(smem, stride, ep, (row0, col0), (BM, BN), tid, FMA_THREADS);
+}
+
+/// Lanes of a warp along M in [`fma_tile_async`]'s warp tile for a `tm x tn` thread tile:
+/// 4 or 8 (the rest of the 32 along N), whichever makes the warp tile
+/// (`lanes_m * tm` x `(32 / lanes_m) * tn`) squarer, so fewer shared bytes feed each FMA.
+pub const fn fma_lanes_m(tm: u32, tn: u32) -> u32 {
+    let (m8, n8) = (8 * tm, 4 * tn);
+    let (m4, n4) = (4 * tm, 8 * tn);
+    let d8 = if m8 > n8 { m8 - n8 } else { n8 - m8 };
+    let d4 = if m4 > n4 { m4 - n4 } else { n4 - m4 };
+    if d8 <= d4 {
+        8
+    } else {
+        4
+    }
+}
+
+/// `R` (a multiple of 4) fragment values at one k: 4 consecutive floats from `first`, then
+/// from every `group` floats on (16-byte shared loads).
+#[inline(always)]
+unsafe fn fma_fragment<const R: usize>(row: u32, first: u32, group: u32) -> [f32; R] {
+    let mut v = [0f32; R];
+    unrolled!(g in R / 4 => {
+        let q = ld_run::<4>(row + (first + g as u32 * group) * 4);
+        unrolled!(j in 4 => v[4 * g + j] = q[j]);
+    });
+    v
+}
+
+/// One block's `BM x BN` tile in exact f32 with operands copied asynchronously: `acc =
+/// A x B^T` by FMA, then `ep`. The loaders fill `[k][mn]` stages (rows of `BM + 4` /
+/// `BN + 4` floats, K tiles of [`FMA_BK`]) with `cp.async`s that this core commits, one
+/// group per K tile, in a `STAGES`-deep ring: tiles `kt + 1 .. kt + STAGES - 1` are in
+/// flight while tile `kt` is multiplied, and one barrier per K tile both publishes the
+/// next tile and frees the one just read.
+///
+/// Each thread owns `TM x TN` outputs (multiples of 4) in groups of 4 rows and 4 columns.
+/// Warps tile the block with `(LM * TM) x (LN * TN)` warp tiles (`LM` =
+/// [`fma_lanes_m`], `LN = 32 / LM`); lane `(lane / LN, lane % LN)` owns 4 rows in each
+/// row group of its warp tile (groups `4 * LM` rows apart) and likewise 4 columns per
+/// column group. So every fragment load is a 16-byte `ld.shared.v4` and a warp's loads of
+/// one group read `LM` (or `LN`) consecutive 16-byte chunks: one wavefront, no bank
+/// conflicts (8 x 16 per thread: 6 loads per 128 FMAs). The fragments of step `kk + 1`
+/// are loaded before the FMAs of step `kk`. Block threads: `BM * BN / (TM * TN)`.
+///
+/// # Safety
+/// As [`mma_tile`]; every thread of the block calls it; the loaders' `load` only issues
+/// `cp.async`s into the stage it is given (their `K_MAJOR` is false: `[k][mn]`);
+/// `smem` holds `STAGES` stages of both operands and the staged `BM x (BN + 4)` result
+/// ([`oxidnn_params::fma_matmul_shared_bytes`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fma_tile_async<
+    const BM: u32,
+    const BN: u32,
+    const TM: usize,
+    const TN: usize,
+    const STAGES: u32,
+    LA: TileLoader,
+    LB: TileLoader,
+    EP: Epilogue,
+>(
+    la: &LA,
+    lb: &LB,
+    k: u32,
+    smem: u32,
+    ep: &EP,
+    row0: u32,
+    col0: u32,
+) {
+    const {
+        assert!(TM % 4 == 0 && TN % 4 == 0 && STAGES >= 2);
+        assert!(!LA::K_MAJOR && !LB::K_MAJOR);
+        let lanes_m = fma_lanes_m(TM as u32, TN as u32);
+        assert!(BM % (lanes_m * TM as u32) == 0 && BN % ((32 / lanes_m) * TN as u32) == 0);
+    }
+    let lanes_m = fma_lanes_m(TM as u32, TN as u32);
+    let lanes_n = 32 / lanes_m;
+    let (warp_m, warp_n) = (lanes_m * TM as u32, lanes_n * TN as u32);
+    let warps_n = BN / warp_n;
+    let threads = BM * BN / (TM * TN) as u32;
+    let tid = thread_idx_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    // This thread's first row and column in the tile; groups follow 4 * lanes apart.
+    let row = (warp / warps_n) * warp_m + (lane / lanes_n) * 4;
+    let col = (warp % warps_n) * warp_n + (lane % lanes_n) * 4;
+
+    let a_bytes = FMA_BK * (BM + 4) * 4;
+    let b_bytes = FMA_BK * (BN + 4) * 4;
+    let a_stage = |s: u32| smem + s * a_bytes;
+    let b_stage = |s: u32| smem + STAGES * a_bytes + s * b_bytes;
+    let k_tiles = k.div_ceil(FMA_BK);
+
+    unrolled!(s in (STAGES - 1) as usize => {
+        let s = s as u32;
+        if s < k_tiles {
+            la.load(a_stage(s), s);
+            lb.load(b_stage(s), s);
+        }
+        cp_async_commit();
+    });
+    cp_async_wait(STAGES - 2);
+    sync_threads();
+
+    let mut acc = [[0f32; TN]; TM];
+    // Ring positions: the stage multiplied now, and the one the copies go to.
+    let (mut read, mut write) = (0, STAGES - 1);
+    for kt in 0..k_tiles {
+        // The stage `write` was read in the previous iteration, before its barrier.
+        let ahead = kt + STAGES - 1;
+        if ahead < k_tiles {
+            la.load(a_stage(write), ahead);
+            lb.load(b_stage(write), ahead);
+        }
+        cp_async_commit();
+
+        let (at, bt) = (a_stage(read), b_stage(read));
+        let a_step = (BM + 4) * 4;
+        let b_step = (BN + 4) * 4;
+        let mut fa = [[0f32; TM]; 2];
+        let mut fb = [[0f32; TN]; 2];
+        fa[0] = fma_fragment::<TM>(at, row, 4 * lanes_m);
+        fb[0] = fma_fragment::<TN>(bt, col, 4 * lanes_n);
+        unrolled!(kk in FMA_BK as usize => {
+            if kk + 1 < FMA_BK as usize {
+                let next = (kk + 1) as u32;
+                fa[(kk + 1) % 2] = fma_fragment::<TM>(at + next * a_step, row, 4 * lanes_m);
+                fb[(kk + 1) % 2] = fma_fragment::<TN>(bt + next * b_step, col, 4 * lanes_n);
+            }
+            let (a, b) = (&fa[kk % 2], &fb[kk % 2]);
+            unrolled!(i in TM => {
+                unrolled!(j in TN => {
+                    acc[i][j] = crate::device::fma(a[i], b[j], acc[i][j]);
+                });
+            });
+        });
+
+        // Tile kt + 1 has landed (only the newest STAGES - 2 groups may be pending); the
+        // barrier publishes every thread's copies and frees stage `read`.
+        cp_async_wait(STAGES - 2);
+        sync_threads();
+        read = if read + 1 == STAGES { 0 } else { read + 1 };
+        write = if write + 1 == STAGES { 0 } else { write + 1 };
+    }
+    // Groups still pending are empty (no tile past the last is copied): the stages are
+    // free after the loop's last barrier. Stage the tile, then drain it row by row.
+    cp_async_wait(0);
+    let stride = BN + 4;
+    unrolled!(i in TM => {
+        let r = row + (i as u32 / 4) * 4 * lanes_m + i as u32 % 4;
+        unrolled!(g in TN / 4 => {
+            let c = col + g as u32 * 4 * lanes_n;
+            let v: [u32; 4] = core::array::from_fn(|j| acc[i][4 * g + j].to_bits());
+            st_shared_v4(smem + (r * stride + c) * 4, v);
+        });
+    });
+    sync_threads();
+    drain(smem, stride, ep, (row0, col0), (BM, BN), tid, threads);
 }
 
 /// Shared bytes [`fma_tile`] stages its `bm x bn` result in (rows padded by 4 floats).

@@ -6,19 +6,19 @@
 //!   say how each operand is copied: `k` = K contiguous (`cp.async` into a K-major tile),
 //!   `n` = M or N contiguous (MN-major tile), `gg` = any strides or alignment (element
 //!   gathers).
-//! * `matmul_fma_<BMxBN>_f32`: exact f32 on CUDA cores ([`fma_tile`]), any strides.
+//! * `matmul_fma_<BMxBN>_f32`: exact f32 on CUDA cores ([`fma_tile_async`]), any strides.
 //! * `wgmma_matmul_128x<BN>_<la><lb>_<f16|bf16>` (the `sm90a` build: family `wgmma`, a
 //!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
 use crate::device::{
-    block_idx_x, block_idx_y, cp_async_16, dynamic_smem, grid_dim_y, st_shared_v4, sync_threads,
-    thread_idx_x,
+    block_idx_x, block_idx_y, cp_async_16, cp_async_4, dynamic_smem, grid_dim_y, st_shared_v4,
+    sync_threads, thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
 use crate::gemm::{
-    fma_stage_bytes, fma_tile, mma_stage_bytes, mma_tile, swizzled, Epilogue, Gather, MmaElement,
-    MmaShape, RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, FMA_THREADS, RUN,
+    fma_tile_async, mma_stage_bytes, mma_tile, swizzled, Epilogue, MmaElement, MmaShape,
+    RowSwizzled, SmemLayout, Tf32, TileLoader, FMA_BK, RUN,
 };
 use crate::unrolled;
 #[cfg(feature = "sm90a")]
@@ -28,8 +28,9 @@ use crate::{
     gemm::Sw128Atoms,
 };
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads, tile_coords, BiasMode,
-    EpilogueParams, MatmulParams, OperandLayout, OutputType, MMA_BK_BYTES, MMA_SHORT_K_STAGES,
+    fma_matmul_thread_tile, fma_matmul_threads, mma_shared_bytes_staged, mma_stages, mma_threads,
+    tile_coords, BiasMode, EpilogueParams, MatmulParams, OperandLayout, OutputType, FMA_STAGES,
+    MMA_BK_BYTES, MMA_SHORT_K_STAGES,
 };
 #[cfg(feature = "sm90a")]
 use oxidnn_params::{
@@ -279,45 +280,71 @@ impl<E: MmaElement, const ROWS: u32, const BK: u32, const THREADS: u32> TileLoad
     }
 }
 
-/// This thread's `PER` elements of each K tile of an f32 operand for [`fma_tile`] (`ROWS`
-/// rows), walked with precomputed addresses.
-pub struct StridedGather<const ROWS: u32, const PER: usize> {
+/// This thread's share of each K tile of an f32 operand for [`fma_tile_async`] (`ROWS`
+/// rows, `THREADS` threads): 4-byte `cp.async`s into the `[k][mn]` stage (rows of
+/// `ROWS + 4` floats), zero-filled outside the operand. K fastest across threads when K is
+/// contiguous, else MN fastest (as [`crate::gemm::fma_slot`] lays slots out), so that a warp's global
+/// reads coalesce either way; its shared writes land in distinct banks either way (K-fast:
+/// 8 k rows, 4 floats apart in bank order, times 4 mn).
+pub struct StridedCopy<const ROWS: u32, const THREADS: u32> {
     op: Operand,
     slots: Slots,
-    k_fast: bool,
+    /// Whether the operand has all `ROWS` rows: then a K tile inside K needs no checks.
+    full_rows: bool,
 }
 
-impl<const ROWS: u32, const PER: usize> StridedGather<ROWS, PER> {
+impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
     #[inline(always)]
     fn new(op: Operand) -> Self {
-        // K fastest across threads when K is contiguous, as `fma_slot` lays slots out.
-        let k_fast = op.stride_k == 1;
-        let slots = if k_fast {
-            Slots::new(&op, false, FMA_BK, 1, FMA_THREADS, FMA_BK, 4)
+        const {
+            assert!(THREADS % FMA_BK == 0 && THREADS % ROWS == 0);
+            assert!((ROWS * FMA_BK) % THREADS == 0);
+        }
+        let slots = if op.stride_k == 1 {
+            Slots::new(&op, false, FMA_BK, 1, THREADS, FMA_BK, 4)
         } else {
-            Slots::new(&op, true, ROWS, 1, FMA_THREADS, FMA_BK, 4)
+            Slots::new(&op, true, ROWS, 1, THREADS, FMA_BK, 4)
         };
-        Self { op, slots, k_fast }
+        let full_rows = op.rows >= ROWS;
+        Self {
+            op,
+            slots,
+            full_rows,
+        }
     }
 }
 
-impl<const ROWS: u32, const PER: usize> Gather<PER> for StridedGather<ROWS, PER> {
-    #[inline(always)]
-    fn k_fast(&self) -> bool {
-        self.k_fast
-    }
+impl<const ROWS: u32, const THREADS: u32> TileLoader for StridedCopy<ROWS, THREADS> {
+    /// `[k][mn]`: MN contiguous in the stage.
+    const K_MAJOR: bool = false;
 
     #[inline(always)]
-    unsafe fn fetch(&self, kt: u32) -> [f32; PER] {
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        // Where the whole tile lies inside the operand (every tile of a full block but the
+        // last of a ragged K), the copies skip their checks (SASS: ~4 instructions per
+        // copy instead of ~12).
+        if self.full_rows && (kt + 1) * FMA_BK <= self.op.k {
+            self.copy::<false>(dst, kt)
+        } else {
+            self.copy::<true>(dst, kt)
+        }
+    }
+}
+
+impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
+    /// This thread's copies of K tile `kt` into `dst`; unless `CHECKED`, all inside the
+    /// operand.
+    #[inline(always)]
+    unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32) {
         let tile = kt as u64 * self.slots.tile_step;
-        let mut v = [0f32; PER];
-        unrolled!(i in PER => {
-            let (p, mn, k) = self.slots.slot(i as u32, kt, FMA_BK, tile);
-            if mn < self.op.rows && k < self.op.k {
-                v[i] = *(p as *const f32);
-            }
+        unrolled!(i in (ROWS * FMA_BK / THREADS) as usize => {
+            let i = i as u32;
+            let (p, mn, k) = self.slots.slot(i, kt, FMA_BK, tile);
+            let local_k = self.slots.k0 + i * self.slots.k_step;
+            let inside = !CHECKED || (mn < self.op.rows && k < self.op.k);
+            // In the stage: local_k < FMA_BK and mn < ROWS by the slot layout.
+            cp_async_4(dst + (local_k * (ROWS + 4) + mn) * 4, p, if inside { 4 } else { 0 });
         });
-        v
     }
 }
 
@@ -663,25 +690,23 @@ macro_rules! mma_kernels {
     };
 }
 
-/// Stamps out an exact-f32 entry point for a `BM x BN` tile.
+/// Stamps out an exact-f32 entry point for a `BM x BN` tile ([`fma_tile_async`], thread
+/// tile [`fma_matmul_thread_tile`]).
 macro_rules! fma_kernel {
     ($bm:literal, $bn:literal) => {
-        const _: () = assert!(fma_stage_bytes($bm, $bn) <= fma_shared_bytes($bm, $bn));
         paste::paste! {
             #[no_mangle]
             pub unsafe extern "ptx-kernel" fn [<matmul_fma_ $bm x $bn _f32>](
                 p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
                 z: *const u8,
             ) {
-                const PA: usize = ($bm * FMA_BK / FMA_THREADS) as usize;
-                const PB: usize = ($bn * FMA_BK / FMA_THREADS) as usize;
-                const HM: usize = $bm / 32;
-                const HN: usize = $bn / 32;
+                const TILE: (u32, u32) = fma_matmul_thread_tile($bm, $bn);
+                const T: u32 = fma_matmul_threads($bm, $bn);
                 let smem = dynamic_smem();
                 for_each_batch::<true>(&p, ($bm, $bn, 4), (a, b, d, bias, z), #[inline(always)] |a, b, ep, row0, col0| {
-                    fma_tile::<$bm, $bn, HM, HN, PA, PB, _, _, MatmulEpilogue<true>>(
-                        &StridedGather::<$bm, PA>::new(a),
-                        &StridedGather::<$bn, PB>::new(b),
+                    fma_tile_async::<$bm, $bn, { TILE.0 as usize }, { TILE.1 as usize }, FMA_STAGES, _, _, MatmulEpilogue<true>>(
+                        &StridedCopy::<$bm, T>::new(a),
+                        &StridedCopy::<$bn, T>::new(b),
                         p.k,
                         smem,
                         ep,

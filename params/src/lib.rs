@@ -47,10 +47,11 @@ pub use lrn::{
     LRN_WALK_BWD_SLOT_BYTES, LRN_WALK_FWD_SLOT_BYTES,
 };
 pub use matmul::{
-    fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads,
-    tile_coords, tma_shared_bytes, tma_stages, tma_threads, wgmma_shared_bytes, wgmma_stages,
-    BiasMode, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType,
-    TensorMap, TmaOperands, FMA_BK, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES,
+    fma_matmul_shared_bytes, fma_matmul_thread_tile, fma_matmul_threads, fma_shared_bytes,
+    mma_shared_bytes, mma_shared_bytes_staged, mma_stages, mma_threads, tile_coords,
+    tma_shared_bytes, tma_stages, tma_threads, wgmma_shared_bytes, wgmma_stages, BiasMode,
+    EpilogueOps, EpilogueParams, MatmulParams, OperandLayout, OutputLayout, OutputType, TensorMap,
+    TmaOperands, FMA_BK, FMA_STAGES, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES,
     MMA_SHORT_K_STAGES, TMA_BOX, WGMMA_BM, WGMMA_THREADS,
 };
 pub use philox::philox4x32_10;

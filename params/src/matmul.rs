@@ -245,6 +245,40 @@ pub const fn fma_shared_bytes(bm: u32, bn: u32) -> u32 {
     }
 }
 
+/// `cp.async` stages (K tiles of [`FMA_BK`]) of the exact-f32 matmul tiles.
+pub const FMA_STAGES: u32 = 4;
+
+/// Outputs per thread, `(rows, cols)`, of the exact-f32 matmul's `bm x bn` tile: 8 x 16
+/// on the 128-row tiles (a warp owns 64 x 64: 6 conflict-free 16-byte shared loads per 128
+/// FMAs), 4 x 4 on 64 x 64 (256 threads, for short K and small problems).
+pub const fn fma_matmul_thread_tile(bm: u32, bn: u32) -> (u32, u32) {
+    if bm >= 128 && bn >= 128 {
+        (8, 16)
+    } else {
+        (4, 4)
+    }
+}
+
+/// Threads of the exact-f32 matmul's `bm x bn` tile: one per [`fma_matmul_thread_tile`]
+/// (128 x 128: 128 threads, so two blocks share an SM at up to 255 registers).
+pub const fn fma_matmul_threads(bm: u32, bn: u32) -> u32 {
+    let (tm, tn) = fma_matmul_thread_tile(bm, bn);
+    bm * bn / (tm * tn)
+}
+
+/// Dynamic shared memory of the exact-f32 matmul's `bm x bn` tile: [`FMA_STAGES`] stages
+/// of both operands, stored `[k][mn]` with rows padded by 4 floats, or the staged
+/// `bm x (bn + 4)` result, whichever is larger.
+pub const fn fma_matmul_shared_bytes(bm: u32, bn: u32) -> u32 {
+    let stages = FMA_STAGES * FMA_BK * (bm + 4 + bn + 4) * 4;
+    let result = bm * (bn + 4) * 4;
+    if stages > result {
+        stages
+    } else {
+        result
+    }
+}
+
 /// Output tiles side by side in M that consecutive blocks sweep before moving along N, so
 /// that the blocks running at once share operand tiles in L2.
 pub const MATMUL_RASTER_GROUP: u32 = 8;

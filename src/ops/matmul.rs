@@ -43,10 +43,10 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 pub use oxidnn_params::BiasMode;
 use oxidnn_params::{
-    fma_shared_bytes, mma_shared_bytes, mma_shared_bytes_staged, mma_threads, tma_shared_bytes,
-    tma_threads, wgmma_shared_bytes, EpilogueOps, EpilogueParams, MatmulParams, OperandLayout,
-    OutputLayout, OutputType, TmaOperands, FMA_THREADS, MMA_BK_BYTES, MMA_SHORT_K_STAGES, TMA_BOX,
-    WGMMA_THREADS,
+    fma_matmul_shared_bytes, fma_matmul_threads, mma_shared_bytes, mma_shared_bytes_staged,
+    mma_threads, tma_shared_bytes, tma_threads, wgmma_shared_bytes, EpilogueOps, EpilogueParams,
+    MatmulParams, OperandLayout, OutputLayout, OutputType, TmaOperands, MMA_BK_BYTES,
+    MMA_SHORT_K_STAGES, TMA_BOX, WGMMA_THREADS,
 };
 
 mod tma;
@@ -705,7 +705,8 @@ impl Problem {
     /// 128x256's 128 blocks than on 128x128's 256, H100), or at least 8 blocks per SM when
     /// K < 256 (short K makes the epilogue's stores the main cost, and small tiles spread
     /// them wider: 4096x4096x{16,128} run 1.1-1.6x faster on 64x64's 4096 blocks than on
-    /// 128x128's 1024, H100); else the smallest.
+    /// 128x128's 1024, H100; not for exact f32, whose pipelined 128 x 256 tile ran
+    /// 4096x4096x{16,128} 1.2x / 1.5x faster than 64 x 64); else the smallest.
     ///
     /// On sm_90a the TMA `wgmma` tiles come first when K spans more than one 64-wide K
     /// tile: the widest whose blocks keep 3/4 of the SMs busy, among those not mostly past
@@ -737,7 +738,11 @@ impl Problem {
                 return algo;
             }
         }
-        let wanted = if self.k < 256 { 8 * sms } else { busy };
+        let wanted = if self.k < 256 && self.math != MatmulMath::Fma {
+            8 * sms
+        } else {
+            busy
+        };
         let short = self.math != MatmulMath::Fma
             && self.k * self.input.size_bytes() <= 2 * MMA_BK_BYTES as usize;
         if short {
@@ -964,7 +969,7 @@ impl Problem {
         match self.math {
             _ if algo.tma() => tma_threads(1),
             _ if algo.needs_sm90a() => WGMMA_THREADS,
-            MatmulMath::Fma => FMA_THREADS,
+            MatmulMath::Fma => fma_matmul_threads(bm as u32, bn as u32),
             _ => mma_threads(bm as u32, bn as u32),
         }
     }
@@ -974,7 +979,7 @@ impl Problem {
         match self.math {
             _ if algo.tma() => tma_shared_bytes(bn as u32, 1),
             _ if algo.needs_sm90a() => wgmma_shared_bytes(bn as u32),
-            MatmulMath::Fma => fma_shared_bytes(bm as u32, bn as u32),
+            MatmulMath::Fma => fma_matmul_shared_bytes(bm as u32, bn as u32),
             _ if algo.short_k() => {
                 mma_shared_bytes_staged(bm as u32, bn as u32, MMA_SHORT_K_STAGES)
             }
