@@ -780,6 +780,22 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     );
 }
 
+/// `cp.async` of 8 bytes, global -> shared (through L1: `.cg` takes only 16-byte copies):
+/// the first `src_bytes` (0 or 8) come from `src`, the rest is zero-filled.
+///
+/// # Safety
+/// `dst` is an 8-byte aligned shared address of the block; `src` is 8-byte aligned and
+/// its first `src_bytes` bytes are readable global memory (any address when 0). The copy
+/// completes only at a [`cp_async_wait`] for its group.
+#[inline(always)]
+pub unsafe fn cp_async_8(dst: u32, src: *const u8, src_bytes: u32) {
+    asm!(
+        "cp.async.ca.shared.global [{d}], [{s}], 8, {n};",
+        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes,
+        options(nostack, preserves_flags),
+    );
+}
+
 /// Closes the group of this thread's `cp.async`s issued since the last commit.
 #[inline(always)]
 pub fn cp_async_commit() {

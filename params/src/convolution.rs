@@ -293,3 +293,41 @@ pub const DW_THREADS: u32 = 256;
 /// Threads per block of the `strip` depthwise kernels (their 230-255 registers fit one
 /// 256-thread block per SM; two 128-thread blocks ran 1-2% faster, about the noise).
 pub const DW_STRIP_THREADS: u32 = 128;
+
+/// Parameters of `conv_fwd_pad_channels_b<16|32>_u<8|16>`, which stage a convolution
+/// operand with few channels per group into the workspace with those channels padded to a
+/// whole copy unit (the implicit GEMM's packed kernels then copy it in `UNIT`-byte units).
+///
+/// The source is `[outer, groups * channels, s0, s1, s2]` with strides `src` (x: `outer`
+/// the images, s the input's spatial dims; the filter: `outer` the output channels, one
+/// group, s the taps). The destination is dense rows, one per `outer`, of `row_chunks`
+/// 16-byte chunks: row element `kk = position * block + group * c_pad + c` holds source
+/// element `(outer, group * channels + c, position)` for `c < channels` and `position <
+/// positions` (`position` flat over `[s0, s1, s2]`), zero otherwise (the padded channels,
+/// and the row's tail past the last position). Item `i` (one thread each) writes chunk
+/// `i % row_chunks` of row `i / row_chunks`, a unit (`UNIT / size` elements, a divisor of
+/// `c_pad`) at a time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvPadChannelsParams {
+    /// Source strides over `[outer, channel, s0, s1, s2]` (elements).
+    pub src: [u32; 5],
+    /// The source's channels per group.
+    pub channels: u32,
+    /// Spatial positions per row: `s0 * s1 * s2`.
+    pub positions: u32,
+    /// Chunks per destination row.
+    pub row_chunks: FastDivisor,
+    /// Padded channels per group.
+    pub c_pad: FastDivisor,
+    /// Elements per position: `groups * c_pad`.
+    pub block: FastDivisor,
+    /// The extents of `s1` and `s2`.
+    pub s1: FastDivisor,
+    pub s2: FastDivisor,
+    /// Chunks in all (`rows * row_chunks`, below 2^32).
+    pub items: u32,
+}
+
+/// Threads per block of `conv_fwd_pad_channels_*`.
+pub const CONV_PAD_CHANNELS_THREADS: u32 = 256;
