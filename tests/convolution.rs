@@ -2301,28 +2301,42 @@ fn implicit_gemm_tensor_op_gather_timing() {
 // ImplicitGemmTensorOp: few channels per group, padded into the workspace (packed kernels)
 // ---------------------------------------------------------------------------------------
 
-/// The workspace the implicit GEMM asks for a problem whose `c_per_group` channels are
-/// padded to `c_pad`: x as `[n, spatial, groups, c_pad]` (each image a whole number of
-/// 16-byte chunks, the region rounded up to 256 bytes), then the filter as `k` rows of
-/// `taps * c_pad` rounded up to a whole 128-byte K tile.
+/// The workspace the implicit GEMM asks for a problem whose channels per group are padded
+/// to `c_pad` after folding its strided dims into them (where the stride is above 1, the
+/// dilation 1 and the filter longer than the stride: the filter becomes `ceil(f / s)`
+/// taps, the input `output + taps - 1` positions): x as `[n, spatial, groups, c_pad]`
+/// (each image a whole number of 16-byte chunks, the region rounded up to 256 bytes),
+/// then the filter as `k` rows of `taps * c_pad` rounded up to a whole 128-byte K tile.
 fn padded_workspace(case: &Case, c_pad: usize) -> usize {
-    let (xd, wd) = (case.x.dims(), case.w.dims());
+    let (xd, wd, yd) = (case.x.dims(), case.w.dims(), case.y.dims());
     let size = case.dtype.size_bytes();
     let groups = case.conv.groups();
-    let positions: usize = xd[2..].iter().product();
-    let taps: usize = wd[2..].iter().product();
+    let (mut positions, mut taps) = (1, 1);
+    for j in 0..xd.len() - 2 {
+        let (f, s) = (wd[2 + j], case.conv.stride()[j]);
+        if s > 1 && case.conv.dilation()[j] == 1 && f > s {
+            taps *= f.div_ceil(s);
+            positions *= yd[2 + j] + f.div_ceil(s) - 1;
+        } else {
+            taps *= f;
+            positions *= xd[2 + j];
+        }
+    }
     let x_row = (positions * groups * c_pad).next_multiple_of(16 / size);
     let w_row = (taps * c_pad).next_multiple_of(128 / size);
     (xd[0] * x_row * size).next_multiple_of(256) + wd[0] * w_row * size
 }
 
 /// Problems with 1-7 channels per group (ResNet's RGB first layer among them) run on the
-/// implicit GEMM's packed kernels over copies of x and the filter padded to 4 or 8
-/// channels (f16/bf16: 1-3 channels to 4 in 8-byte units, 5-7 to 8 in 16-byte ones; f32:
-/// to 4 or 8 in 16-byte units): against the f64 reference with a bias, a residual, relu
-/// and beta, odd spatial sizes, strides 2 and 3, padding (past the filter too), dilation,
-/// convolution mode, groups, NCHW x and KCRS filters (the staging reads any layout), NCHW
-/// y, 1-D and 3-D; each asks for exactly its padded copies as workspace.
+/// implicit GEMM's packed kernels over copies of x and the filter with their channels
+/// padded (and strided dims folded into the channels where the filter is longer than the
+/// stride: conv1's 7x7/2 over 3 channels as 4x4/1 over 12, padded to 16): f16/bf16 to 4
+/// channels in 8-byte units where that halves the padding, else to a multiple of 8 in
+/// 16-byte ones; f32 to a multiple of 4. Against the f64 reference with a bias, a
+/// residual, relu and beta, odd spatial sizes, strides 2 and 3, padding (past the filter
+/// too), dilation, convolution mode (folded and not), groups, NCHW x and KCRS filters
+/// (the staging reads any layout), NCHW y, 1-D and 3-D; each asks for exactly its padded
+/// copies as workspace.
 #[test]
 fn implicit_gemm_tensor_op_pads_few_channels() {
     use DataType::{BF16, F16, F32};
@@ -2334,11 +2348,11 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
         epilogue: true,
         ..igemm(dtype, n, c, k, input)
     };
-    // (shape, padded channels per group)
+    // (shape, padded channels per group after folding)
     let cases = [
-        (conv1(F16, 2, 3, 64, &[31, 29]), 4),
-        (conv1(BF16, 1, 3, 64, &[23, 23]), 4),
-        (conv1(F32, 2, 3, 40, &[19, 21]), 4),
+        (conv1(F16, 2, 3, 64, &[31, 29]), 16),
+        (conv1(BF16, 1, 3, 64, &[23, 23]), 16),
+        (conv1(F32, 2, 3, 40, &[19, 21]), 12),
         (
             IgemmShape {
                 y_last: false,
@@ -2361,7 +2375,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 epilogue: true,
                 ..igemm(F16, 3, 5, 130, &[11, 10])
             },
-            8,
+            16,
         ),
         (
             IgemmShape {
@@ -2371,11 +2385,12 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 epilogue: true,
                 ..igemm(BF16, 2, 7, 20, &[13, 9])
             },
-            8,
+            32,
         ),
         (
             IgemmShape {
                 epilogue: true,
+                mode: conv,
                 ..igemm(F32, 2, 5, 16, &[7, 9])
             },
             8,
@@ -2402,7 +2417,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 stride: &[2, 2],
                 ..igemm(BF16, 2, 15, 9, &[9, 9])
             },
-            8,
+            24,
         ),
         (
             IgemmShape {
@@ -2420,7 +2435,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 epilogue: true,
                 ..conv1(F16, 2, 3, 16, &[15, 17])
             },
-            4,
+            16,
         ),
         (
             IgemmShape {
@@ -2438,7 +2453,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 mode: conv,
                 ..igemm(F16, 1, 3, 16, &[5, 6, 7])
             },
-            4,
+            8,
         ),
         (
             IgemmShape {
@@ -2448,7 +2463,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
                 epilogue: true,
                 ..igemm(BF16, 3, 6, 24, &[21])
             },
-            8,
+            16,
         ),
     ];
     let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
@@ -2482,7 +2497,7 @@ fn implicit_gemm_tensor_op_pads_few_channels() {
 #[test]
 fn implicit_gemm_tensor_op_padding_refuses_a_short_workspace() {
     use DataType::{F16, F32};
-    for (dtype, c_pad) in [(F16, 4), (F32, 4)] {
+    for (dtype, c_pad) in [(F16, 16), (F32, 12)] {
         let case = IgemmShape {
             filter: &[7, 7],
             pad: 3,
@@ -2593,14 +2608,18 @@ fn implicit_gemm_tensor_op_pads_resnet_conv1_like_direct() {
     );
 }
 
-/// Times ResNet-50's conv1 on the padded path (`find` over every accepted algorithm, with
-/// 8- and 16-byte units for f16/bf16 through `OXIDNN_CONV_PAD_UNIT`) at N = 32 and 256:
+/// Times ResNet-50's conv1 on the padded path at N = 32 and 256, with 8- and 16-byte
+/// units for f16/bf16 (`OXIDNN_CONV_PAD_UNIT`), on the heuristic's tile and, for f16, the
+/// tiles `PAD_TIMING_TILES` lists (comma-separated `OXIDNN_CONV_IGEMM_TILE` values):
 /// `cargo test --release --test convolution -- --ignored --nocapture time_padded_conv1`.
 #[test]
 #[ignore]
 fn time_padded_conv1() {
     let Some(h) = gpu() else { return };
     use DataType::{BF16, F16, F32};
+    let sweep: Vec<String> = std::env::var("PAD_TIMING_TILES")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
     for (dtype, units) in [
         (F16, &["8", "16"][..]),
         (BF16, &["8", "16"]),
@@ -2608,65 +2627,81 @@ fn time_padded_conv1() {
     ] {
         for n in [32usize, 256] {
             for unit in units {
-                std::env::set_var("OXIDNN_CONV_PAD_UNIT", unit);
-                let case = IgemmShape {
-                    filter: &[7, 7],
-                    pad: 3,
-                    stride: &[2, 2],
-                    ..igemm(dtype, n, 3, 64, &[224, 224])
+                let mut tiles = vec![String::new()];
+                if dtype == F16 {
+                    tiles.extend(sweep.iter().cloned());
                 }
-                .case();
-                let mut r = rng(7);
-                let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
-                let w = h
-                    .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
-                    .unwrap();
-                let mut y = h.alloc(&case.y).unwrap();
-                let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
-                let bytes = convolution_forward_workspace_size(
-                    h, &case.x, &case.w, &case.conv, &case.y, algo,
-                )
-                .unwrap();
-                let mut ws = h.alloc_bytes(bytes.max(1)).unwrap();
-                let mut run = || {
-                    convolution_forward(
-                        h,
-                        1.0,
-                        &case.x,
-                        &x,
-                        &case.w,
-                        &w,
-                        &case.conv,
-                        algo,
-                        Some(&mut ws),
-                        0.0,
-                        &case.y,
-                        &mut y,
+                for tile in &tiles {
+                    std::env::set_var("OXIDNN_CONV_PAD_UNIT", unit);
+                    if tile.is_empty() {
+                        std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
+                    } else {
+                        std::env::set_var("OXIDNN_CONV_IGEMM_TILE", tile);
+                    }
+                    let case = IgemmShape {
+                        filter: &[7, 7],
+                        pad: 3,
+                        stride: &[2, 2],
+                        ..igemm(dtype, n, 3, 64, &[224, 224])
+                    }
+                    .case();
+                    let mut r = rng(7);
+                    let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
+                    let w = h
+                        .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+                        .unwrap();
+                    let mut y = h.alloc(&case.y).unwrap();
+                    let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
+                    let bytes = convolution_forward_workspace_size(
+                        h, &case.x, &case.w, &case.conv, &case.y, algo,
                     )
-                };
-                run().unwrap();
-                h.synchronize().unwrap();
-                let mut times = Vec::new();
-                for _ in 0..7 {
-                    let t = std::time::Instant::now();
-                    for _ in 0..10 {
-                        run().unwrap();
+                    .unwrap();
+                    let mut ws = h.alloc_bytes(bytes.max(1)).unwrap();
+                    let mut run = || {
+                        convolution_forward(
+                            h,
+                            1.0,
+                            &case.x,
+                            &x,
+                            &case.w,
+                            &w,
+                            &case.conv,
+                            algo,
+                            Some(&mut ws),
+                            0.0,
+                            &case.y,
+                            &mut y,
+                        )
+                    };
+                    if let Err(e) = run() {
+                        println!("padded conv1 {dtype} N={n} unit {unit} tile {tile:?}: {e}");
+                        continue;
                     }
                     h.synchronize().unwrap();
-                    times.push(t.elapsed().as_secs_f64() / 10.0);
+                    let mut times = Vec::new();
+                    for _ in 0..7 {
+                        let t = std::time::Instant::now();
+                        for _ in 0..10 {
+                            run().unwrap();
+                        }
+                        h.synchronize().unwrap();
+                        times.push(t.elapsed().as_secs_f64() / 10.0);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    let flops = 2.0 * (case.y.dims().iter().product::<usize>() * 3 * 49) as f64;
+                    println!(
+                        "padded conv1 {dtype} N={n} unit {unit:>2} tile {:>9}: {:8.1} us {:6.1} TFLOPS (workspace {} MB)",
+                        if tile.is_empty() { "heuristic" } else { tile },
+                        times[3] * 1e6,
+                        flops / times[3] / 1e12,
+                        bytes >> 20
+                    );
                 }
-                times.sort_by(f64::total_cmp);
-                let flops = 2.0 * (case.y.dims().iter().product::<usize>() * 3 * 49) as f64;
-                println!(
-                    "padded conv1 {dtype} N={n} unit {unit:>2}: {:8.1} us {:6.1} TFLOPS (workspace {} MB)",
-                    times[3] * 1e6,
-                    flops / times[3] / 1e12,
-                    bytes >> 20
-                );
             }
         }
     }
     std::env::remove_var("OXIDNN_CONV_PAD_UNIT");
+    std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
 }
 
 // ---------------------------------------------------------------------------------------
