@@ -2156,9 +2156,11 @@ fn implicit_gemm_tensor_op_timing() {
 // ImplicitGemmTensorOp: the gather kernels (flattened K, any layout, any channel count)
 // ---------------------------------------------------------------------------------------
 
-/// The implicit GEMM forced on problems only its gather kernels take (NCHW x, KCRS
-/// filters, channel counts that are not whole 16-byte chunks, grouped odd channels, tf32
-/// NCHW, a ResNet conv1-like 7x7/2 layer with 3 channels), against the f64 reference.
+/// The implicit GEMM forced on problems its `cp.async` kernels cannot copy as they lie
+/// (NCHW x, KCRS filters, tf32 NCHW: the gather kernels; channel counts that are not
+/// whole 16-byte chunks, grouped odd channels, a ResNet conv1-like 7x7/2 layer with 3
+/// channels: since channel padding, the packed kernels over padded copies), against the
+/// f64 reference.
 #[test]
 fn implicit_gemm_tensor_op_gather_matches_the_reference() {
     use DataType::{BF16, F16, F32};
@@ -2317,6 +2319,413 @@ fn implicit_gemm_tensor_op_gather_timing() {
             row.join(", ")
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// ImplicitGemmTensorOp: few channels per group, padded into the workspace (packed kernels)
+// ---------------------------------------------------------------------------------------
+
+/// The workspace the implicit GEMM asks for a problem whose channels per group are padded
+/// to `c_pad` after folding its strided dims into them (where the stride is above 1, the
+/// dilation 1 and the filter longer than the stride: the filter becomes `ceil(f / s)`
+/// taps, the input `output + taps - 1` positions): x as `[n, spatial, groups, c_pad]`
+/// (each image a whole number of 16-byte chunks, the region rounded up to 256 bytes),
+/// then the filter as `k` rows of `taps * c_pad` rounded up to a whole 128-byte K tile.
+fn padded_workspace(case: &Case, c_pad: usize) -> usize {
+    let (xd, wd, yd) = (case.x.dims(), case.w.dims(), case.y.dims());
+    let size = case.dtype.size_bytes();
+    let groups = case.conv.groups();
+    let (mut positions, mut taps) = (1, 1);
+    for j in 0..xd.len() - 2 {
+        let (f, s) = (wd[2 + j], case.conv.stride()[j]);
+        if s > 1 && case.conv.dilation()[j] == 1 && f > s {
+            taps *= f.div_ceil(s);
+            positions *= yd[2 + j] + f.div_ceil(s) - 1;
+        } else {
+            taps *= f;
+            positions *= xd[2 + j];
+        }
+    }
+    let x_row = (positions * groups * c_pad).next_multiple_of(16 / size);
+    let w_row = (taps * c_pad).next_multiple_of(128 / size);
+    (xd[0] * x_row * size).next_multiple_of(256) + wd[0] * w_row * size
+}
+
+/// Problems with 1-7 channels per group (ResNet's RGB first layer among them) run on the
+/// implicit GEMM's packed kernels over copies of x and the filter with their channels
+/// padded (and strided dims folded into the channels where the filter is longer than the
+/// stride: conv1's 7x7/2 over 3 channels as 4x4/1 over 12, padded to 16): f16/bf16 to 4
+/// channels in 8-byte units where that halves the padding, else to a multiple of 8 in
+/// 16-byte ones; f32 to a multiple of 4. Against the f64 reference with a bias, a
+/// residual, relu and beta, odd spatial sizes, strides 2 and 3, padding (past the filter
+/// too), dilation, convolution mode (folded and not), groups, NCHW x and KCRS filters
+/// (the staging reads any layout), NCHW y, 1-D and 3-D; each asks for exactly its padded
+/// copies as workspace.
+#[test]
+fn implicit_gemm_tensor_op_pads_few_channels() {
+    use DataType::{BF16, F16, F32};
+    let conv = ConvMode::Convolution;
+    let conv1 = |dtype, n, c, k, input| IgemmShape {
+        filter: &[7, 7],
+        pad: 3,
+        stride: &[2, 2],
+        epilogue: true,
+        ..igemm(dtype, n, c, k, input)
+    };
+    // (shape, padded channels per group after folding)
+    let cases = [
+        (conv1(F16, 2, 3, 64, &[31, 29]), 16),
+        (conv1(BF16, 1, 3, 64, &[23, 23]), 16),
+        (conv1(F32, 2, 3, 40, &[19, 21]), 12),
+        (
+            IgemmShape {
+                y_last: false,
+                ..conv1(F16, 1, 1, 24, &[17, 15])
+            },
+            4,
+        ),
+        (
+            IgemmShape {
+                pad: 4,
+                dilation: 2,
+                ..igemm(BF16, 2, 2, 37, &[9, 11])
+            },
+            4,
+        ),
+        (
+            IgemmShape {
+                stride: &[2, 3],
+                mode: conv,
+                epilogue: true,
+                ..igemm(F16, 3, 5, 130, &[11, 10])
+            },
+            16,
+        ),
+        (
+            IgemmShape {
+                filter: &[5, 5],
+                pad: 2,
+                stride: &[2, 2],
+                epilogue: true,
+                ..igemm(BF16, 2, 7, 20, &[13, 9])
+            },
+            32,
+        ),
+        (
+            IgemmShape {
+                epilogue: true,
+                mode: conv,
+                ..igemm(F32, 2, 5, 16, &[7, 9])
+            },
+            8,
+        ),
+        (
+            IgemmShape {
+                epilogue: true,
+                ..igemm(F32, 1, 2, 8, &[5, 5])
+            },
+            4,
+        ),
+        // Groups: 3 channels in each of 2 groups, 5 in each of 3 (tf32: 1 in each of 2).
+        (
+            IgemmShape {
+                groups: 2,
+                epilogue: true,
+                ..igemm(F16, 2, 6, 12, &[9, 7])
+            },
+            4,
+        ),
+        (
+            IgemmShape {
+                groups: 3,
+                stride: &[2, 2],
+                ..igemm(BF16, 2, 15, 9, &[9, 9])
+            },
+            24,
+        ),
+        (
+            IgemmShape {
+                groups: 2,
+                ..igemm(F32, 2, 2, 6, &[6, 5])
+            },
+            4,
+        ),
+        // NCHW x and a KCRS filter, staged from channels-first.
+        (
+            IgemmShape {
+                x_last: false,
+                krsc: false,
+                y_last: false,
+                epilogue: true,
+                ..conv1(F16, 2, 3, 16, &[15, 17])
+            },
+            16,
+        ),
+        (
+            IgemmShape {
+                x_last: false,
+                krsc: false,
+                ..igemm(F32, 2, 3, 12, &[8, 8])
+            },
+            4,
+        ),
+        // 3-D and 1-D.
+        (
+            IgemmShape {
+                filter: &[3, 3, 3],
+                stride: &[1, 2, 1],
+                mode: conv,
+                ..igemm(F16, 1, 3, 16, &[5, 6, 7])
+            },
+            8,
+        ),
+        (
+            IgemmShape {
+                filter: &[5],
+                pad: 2,
+                stride: &[2],
+                epilogue: true,
+                ..igemm(BF16, 3, 6, 24, &[21])
+            },
+            16,
+        ),
+    ];
+    let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
+    for h in handles() {
+        for (i, (shape, c_pad)) in cases.iter().enumerate() {
+            let case = shape.case();
+            let bytes =
+                convolution_forward_workspace_size(h, &case.x, &case.w, &case.conv, &case.y, algo)
+                    .unwrap();
+            assert_eq!(bytes, padded_workspace(&case, *c_pad), "{case:?}");
+            if !h.is_gpu() {
+                continue;
+            }
+            let inputs = Inputs::draw(&case, false, &mut rng(500 + i as u64));
+            let want = inputs.reference(&case);
+            let perf = ConvFwdAlgoPerf {
+                algo,
+                time_ms: f32::NAN,
+                workspace_bytes: bytes,
+                deterministic: true,
+                reduced_precision: false,
+            };
+            run_and_check(h, &case, &inputs, algo, &want, case.tolerance(&perf));
+        }
+    }
+}
+
+/// The padded path refuses a workspace one byte short of its padded copies, or none, with
+/// `WorkspaceTooSmall` (never a fallback to the unstaged kernels); `get` and `find` report
+/// the workspace.
+#[test]
+fn implicit_gemm_tensor_op_padding_refuses_a_short_workspace() {
+    use DataType::{F16, F32};
+    for (dtype, c_pad) in [(F16, 16), (F32, 12)] {
+        let case = IgemmShape {
+            filter: &[7, 7],
+            pad: 3,
+            stride: &[2, 2],
+            ..igemm(dtype, 2, 3, 64, &[32, 32])
+        }
+        .case();
+        let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
+        let need = padded_workspace(&case, c_pad);
+        for h in handles() {
+            let perf = get_convolution_forward_algorithm(h, &case.x, &case.w, &case.conv, &case.y)
+                .unwrap()
+                .into_iter()
+                .find(|p| p.algo == algo)
+                .unwrap();
+            assert_eq!(perf.workspace_bytes, need);
+            if !h.is_gpu() {
+                continue;
+            }
+            let x = h.alloc(&case.x).unwrap();
+            let w = h.alloc(case.w.tensor()).unwrap();
+            let mut y = h.alloc(&case.y).unwrap();
+            let mut short = h.alloc_bytes(need - 1).unwrap();
+            for ws in [Some(&mut short), None] {
+                let r = convolution_forward(
+                    h, 1.0, &case.x, &x, &case.w, &w, &case.conv, algo, ws, 0.0, &case.y, &mut y,
+                );
+                assert!(
+                    matches!(r, Err(Error::WorkspaceTooSmall { required_bytes, .. }) if required_bytes == need),
+                    "{r:?}"
+                );
+            }
+        }
+    }
+}
+
+/// ResNet-50's conv1 (7x7/2, pad 3, 3 -> 64 channels, 224x224) on the padded path, large
+/// enough for the heuristic's Hopper tiles, in f16, bf16 and tf32 with the fused
+/// epilogue, against the direct algorithm on the same GPU.
+#[test]
+fn implicit_gemm_tensor_op_pads_resnet_conv1_like_direct() {
+    use DataType::{BF16, F16, F32};
+    with_gpu(
+        "implicit_gemm_tensor_op_pads_resnet_conv1_like_direct",
+        |h| {
+            for (i, (dtype, n)) in [(F16, 2), (BF16, 1), (F32, 1)].into_iter().enumerate() {
+                let case = IgemmShape {
+                    filter: &[7, 7],
+                    pad: 3,
+                    stride: &[2, 2],
+                    epilogue: true,
+                    ..igemm(dtype, n, 3, 64, &[224, 224])
+                }
+                .case();
+                let inputs = Inputs::draw(&case, false, &mut rng(600 + i as u64));
+                let xb = h.upload_tensor(&inputs.x).unwrap();
+                let wb = h.upload_tensor(&inputs.w).unwrap();
+                let mut yb = h.upload_tensor(&inputs.y0).unwrap();
+                let bias = inputs
+                    .bias
+                    .as_ref()
+                    .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
+                let z = inputs
+                    .z
+                    .as_ref()
+                    .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
+                let epilogue = ConvEpilogue {
+                    activation: case.activation,
+                    bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
+                    residual: z.as_ref().map(|(desc, data)| Residual {
+                        scale: 0.75,
+                        desc,
+                        data,
+                    }),
+                };
+                convolution_forward_with(
+                    h,
+                    case.alpha,
+                    &case.x,
+                    &xb,
+                    &case.w,
+                    &wb,
+                    &case.conv,
+                    ConvFwdAlgo::Direct,
+                    None,
+                    case.beta,
+                    &case.y,
+                    &mut yb,
+                    &epilogue,
+                )
+                .unwrap();
+                let direct = h.download_tensor(&case.y, &yb).unwrap();
+                let tol = if dtype == F32 {
+                    2e-3
+                } else {
+                    bound(dtype) * 2.0
+                };
+                run_and_check(
+                    h,
+                    &case,
+                    &inputs,
+                    ConvFwdAlgo::ImplicitGemmTensorOp,
+                    &direct,
+                    tol,
+                );
+            }
+        },
+    );
+}
+
+/// Times ResNet-50's conv1 on the padded path at N = 32 and 256, with 8- and 16-byte
+/// units for f16/bf16 (`OXIDNN_CONV_PAD_UNIT`), on the heuristic's tile and, for f16, the
+/// tiles `PAD_TIMING_TILES` lists (comma-separated `OXIDNN_CONV_IGEMM_TILE` values):
+/// `cargo test --release --test convolution -- --ignored --nocapture time_padded_conv1`.
+#[test]
+#[ignore]
+fn time_padded_conv1() {
+    let Some(h) = gpu() else { return };
+    use DataType::{BF16, F16, F32};
+    let sweep: Vec<String> = std::env::var("PAD_TIMING_TILES")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    for (dtype, units) in [
+        (F16, &["8", "16"][..]),
+        (BF16, &["8", "16"]),
+        (F32, &["16"]),
+    ] {
+        for n in [32usize, 256] {
+            for unit in units {
+                let mut tiles = vec![String::new()];
+                if dtype == F16 {
+                    tiles.extend(sweep.iter().cloned());
+                }
+                for tile in &tiles {
+                    std::env::set_var("OXIDNN_CONV_PAD_UNIT", unit);
+                    if tile.is_empty() {
+                        std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
+                    } else {
+                        std::env::set_var("OXIDNN_CONV_IGEMM_TILE", tile);
+                    }
+                    let case = IgemmShape {
+                        filter: &[7, 7],
+                        pad: 3,
+                        stride: &[2, 2],
+                        ..igemm(dtype, n, 3, 64, &[224, 224])
+                    }
+                    .case();
+                    let mut r = rng(7);
+                    let x = h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap();
+                    let w = h
+                        .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+                        .unwrap();
+                    let mut y = h.alloc(&case.y).unwrap();
+                    let algo = ConvFwdAlgo::ImplicitGemmTensorOp;
+                    let bytes = convolution_forward_workspace_size(
+                        h, &case.x, &case.w, &case.conv, &case.y, algo,
+                    )
+                    .unwrap();
+                    let mut ws = h.alloc_bytes(bytes.max(1)).unwrap();
+                    let mut run = || {
+                        convolution_forward(
+                            h,
+                            1.0,
+                            &case.x,
+                            &x,
+                            &case.w,
+                            &w,
+                            &case.conv,
+                            algo,
+                            Some(&mut ws),
+                            0.0,
+                            &case.y,
+                            &mut y,
+                        )
+                    };
+                    if let Err(e) = run() {
+                        println!("padded conv1 {dtype} N={n} unit {unit} tile {tile:?}: {e}");
+                        continue;
+                    }
+                    h.synchronize().unwrap();
+                    let mut times = Vec::new();
+                    for _ in 0..7 {
+                        let t = std::time::Instant::now();
+                        for _ in 0..10 {
+                            run().unwrap();
+                        }
+                        h.synchronize().unwrap();
+                        times.push(t.elapsed().as_secs_f64() / 10.0);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    let flops = 2.0 * (case.y.dims().iter().product::<usize>() * 3 * 49) as f64;
+                    println!(
+                        "padded conv1 {dtype} N={n} unit {unit:>2} tile {:>9}: {:8.1} us {:6.1} TFLOPS (workspace {} MB)",
+                        if tile.is_empty() { "heuristic" } else { tile },
+                        times[3] * 1e6,
+                        flops / times[3] / 1e12,
+                        bytes >> 20
+                    );
+                }
+            }
+        }
+    }
+    std::env::remove_var("OXIDNN_CONV_PAD_UNIT");
+    std::env::remove_var("OXIDNN_CONV_IGEMM_TILE");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@
 //! * [`winograd`]: Winograd F(2x2, 3x3) transforms around a batched matmul (3x3, stride 1).
 //! * [`implicit_gemm_fma`]: exact-f32 implicit GEMM on CUDA cores (im2col gathers).
 //! * [`depthwise`]: groups == c, memory-bound, per layout.
+//! * [`channel_padding`]: stages x and the filter with their channels padded to a copy
+//!   unit for the implicit GEMM's packed kernels (few channels per group: C = 3).
 
+pub mod channel_padding;
 pub mod depthwise;
 pub mod direct;
 pub mod implicit_gemm;

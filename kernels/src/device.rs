@@ -780,19 +780,22 @@ pub unsafe fn cp_async_16(dst: u32, src: *const u8, src_bytes: u32) {
     );
 }
 
-/// `cp.async` of one 4-byte word, global -> shared, through L1 (`.ca`: 4-byte copies
-/// cannot bypass it): `src_bytes` (4 or 0) come from `src`, the rest is zero-filled.
-/// Word copies can scatter a tile into any shared layout (the exact-f32 core stores its
-/// operands transposed, `[k][mn]`), which 16-byte chunks cannot.
+/// `cp.async` of `BYTES` (4 or 8) bytes, global -> shared, through L1 (`.ca`: copies
+/// under 16 bytes cannot bypass it): the first `src_bytes` (0 or `BYTES`) come from `src`,
+/// the rest is zero-filled. Word copies can scatter a tile into any shared layout (the
+/// exact-f32 core stores its operands transposed, `[k][mn]`), which 16-byte chunks
+/// cannot; 8-byte ones copy channel-padded pixels of 4 16-bit channels.
 ///
 /// # Safety
-/// `dst` is a 4-byte aligned shared address of the block; `src` is 4-byte aligned and
-/// readable global memory when `src_bytes` is 4 (any address when 0). The copy completes
-/// only at a [`cp_async_wait`] for its group.
+/// `dst` is a `BYTES`-aligned shared address of the block; `src` is `BYTES`-aligned and
+/// its first `src_bytes` bytes are readable global memory (any address when 0). The copy
+/// completes only at a [`cp_async_wait`] for its group.
 #[inline(always)]
-pub unsafe fn cp_async_4(dst: u32, src: *const u8, src_bytes: u32) {
+pub unsafe fn cp_async_ca<const BYTES: u32>(dst: u32, src: *const u8, src_bytes: u32) {
+    const { assert!(BYTES == 4 || BYTES == 8) };
     asm!(
-        "cp.async.ca.shared.global [{d}], [{s}], 4, {n};",
+        "cp.async.ca.shared.global [{d}], [{s}], {b}, {n};",
+        b = const BYTES,
         d = in(reg32) dst, s = in(reg64) src, n = in(reg32) src_bytes,
         options(nostack, preserves_flags),
     );

@@ -11,7 +11,7 @@
 //!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
 use crate::device::{
-    block_idx_x, block_idx_y, cp_async_16, cp_async_4, dynamic_smem, grid_dim_y, st_shared_v4,
+    block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, grid_dim_y, st_shared_v4,
     sync_threads, thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
@@ -343,7 +343,7 @@ impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
             let local_k = self.slots.k0 + i * self.slots.k_step;
             let inside = !CHECKED || (mn < self.op.rows && k < self.op.k);
             // In the stage: local_k < FMA_BK and mn < ROWS by the slot layout.
-            cp_async_4(dst + (local_k * (ROWS + 4) + mn) * 4, p, if inside { 4 } else { 0 });
+            cp_async_ca::<4>(dst + (local_k * (ROWS + 4) + mn) * 4, p, if inside { 4 } else { 0 });
         });
     }
 }

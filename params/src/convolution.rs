@@ -306,3 +306,58 @@ pub const DW_THREADS: u32 = 256;
 /// Threads per block of the `strip` depthwise kernels (their 230-255 registers fit one
 /// 256-thread block per SM; two 128-thread blocks ran 1-2% faster, about the noise).
 pub const DW_STRIP_THREADS: u32 = 128;
+
+/// Parameters of `conv_fwd_pad_channels_b<16|32>_u<8|16>`, which stage a convolution
+/// operand with few channels per group into the workspace with those channels padded to a
+/// whole copy unit (the implicit GEMM's packed kernels then copy it in `UNIT`-byte units),
+/// optionally folding strided spatial dims into the channels (space to depth).
+///
+/// The source is `[outer, groups * channels, i0, i1, i2]` with strides `src` and spatial
+/// extents `src_extent` (x: `outer` the images; the filter: `outer` the output channels,
+/// one group, the taps). The destination is dense rows, one per `outer`, of `row_chunks`
+/// 16-byte chunks: row element `kk = position * block + group * c_pad + ch` (`position`
+/// flat over the destination's `[p0, p1, p2]`, `block = groups * c_pad`) holds, for `ch <
+/// depth` with `ch = ((f0 * fold[1] + f1) * fold[2] + f2) * channels + c`, the source
+/// element `(outer, group * channels + c, i)` at `i[j] = fold[j] * p[j] + f[j] -
+/// offset[j]` (read at `src_extent[j] - 1 - i[j]` where `reverse`), zero where that lies
+/// outside the source, for `ch >= depth` (the padded channels) and past the last
+/// position (the row's tail). Item `i` (one thread each) writes chunk `i % row_chunks` of
+/// row `i / row_chunks`, a unit (`UNIT / size` elements, a divisor of `c_pad`) at a time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvPadChannelsParams {
+    /// Source strides over `[outer, channel, i0, i1, i2]` (elements).
+    pub src: [u32; 5],
+    /// Source spatial extents.
+    pub src_extent: [u32; 3],
+    /// Phases of each spatial dim folded into the channels (1: none).
+    pub fold: [u32; 3],
+    /// Subtracted from each source coordinate (x: the padding folded into the staging).
+    pub offset: [u32; 3],
+    /// 1: read each spatial dim reversed (a filter staged for convolution mode).
+    pub reverse: u32,
+    /// The source's channels per group.
+    pub channels: u32,
+    /// Channels per group after folding: `channels * fold[0] * fold[1] * fold[2]`.
+    pub depth: u32,
+    /// Destination positions per row: `p0 * p1 * p2`.
+    pub positions: u32,
+    /// Chunks per destination row.
+    pub row_chunks: FastDivisor,
+    /// Padded channels per group (at least `depth`).
+    pub c_pad: FastDivisor,
+    /// Elements per position: `groups * c_pad`.
+    pub block: FastDivisor,
+    /// The destination's extents `p1` and `p2`.
+    pub p1: FastDivisor,
+    pub p2: FastDivisor,
+    /// `channels`, `fold[1]` and `fold[2]`, to split `ch`.
+    pub channels_div: FastDivisor,
+    pub fold1: FastDivisor,
+    pub fold2: FastDivisor,
+    /// Chunks in all (`rows * row_chunks`, below 2^32).
+    pub items: u32,
+}
+
+/// Threads per block of `conv_fwd_pad_channels_*`.
+pub const CONV_PAD_CHANNELS_THREADS: u32 = 256;

@@ -27,9 +27,9 @@ pub use batch_norm::{
 pub use convolution::{
     conv_igemm_table_bytes, conv_tma_blocks_per_sm, conv_wgmma_shared_bytes, conv_wgmma_stages,
     ConvDepthwiseParams, ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams,
-    ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS,
-    CONV_IGEMM_REDUCE_THREADS, CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP,
-    DW_STRIP_THREADS, DW_THREADS,
+    ConvPadChannelsParams, ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS,
+    CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS, CONV_PAD_CHANNELS_THREADS,
+    CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP, DW_STRIP_THREADS, DW_THREADS,
 };
 pub use divisor::FastDivisor;
 pub use dropout::{

@@ -37,6 +37,7 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
+mod channel_padding;
 mod depthwise;
 mod direct;
 mod gemm_1x1;
@@ -998,6 +999,7 @@ impl Problem {
         match algo {
             ConvFwdAlgo::Winograd => winograd::workspace_bytes(self),
             ConvFwdAlgo::Gemm1x1 => gemm_1x1::workspace_bytes(self),
+            ConvFwdAlgo::ImplicitGemmTensorOp => implicit_gemm_tensor_op::workspace_bytes(self),
             ConvFwdAlgo::ImplicitGemm => {
                 implicit_gemm::workspace_bytes(self, gpu.map(|g| g.sm_count))
             }

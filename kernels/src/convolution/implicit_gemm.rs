@@ -21,17 +21,26 @@
 //! [`GatherFilterTile`] (B) load element by element (synchronous loads, then one
 //! `st.shared` per chunk into the same swizzled layout), zeros outside.
 //!
+//! The packed variant ([`Packed`]), for problems whose channels per group the host pads
+//! to a whole 16- or 8-byte unit in the workspace (an RGB first layer: 3 channels staged
+//! as 8 or 4), flattens K by units (`unit = tap * units_per_tap + c / unit`), so one K
+//! tile packs several taps: [`Im2colTile`] issues one `cp.async` per unit (two 8-byte
+//! ones per chunk for 4-channel f16 units), [`FilterTile`] reads the staged filter as
+//! dense rows.
+//!
 //! Entry points, all `(params, x, w, y, bias, z)`:
 //! * `conv_fwd_igemm_tc_<BMxBN>_<f16|bf16|tf32>` ([`mma_tile`], `mma.sync`);
 //! * `conv_fwd_igemm_tc_gather_<BMxBN>_<f16|bf16|tf32>` (the same, gathering loaders);
-//! * `wgmma_conv_fwd_igemm_128x<BN>_<f16|bf16>` (the `sm90a` build, family `wgmma`);
-//!   the same GEMM with both operands copied by TMA is [`super::implicit_gemm_tma`].
+//! * `conv_fwd_igemm_tc_packed<16|8>_<BMxBN>_<f16|bf16|tf32>` (the same, packed loaders);
+//! * `wgmma_conv_fwd_igemm[_packed<16|8>]_128x<BN>_<f16|bf16>` (the `sm90a` build, family
+//!   `wgmma`); the same GEMM with both operands copied by TMA is
+//!   [`super::implicit_gemm_tma`].
 //!
 //! [`PixelWindow`] and [`KTile`] are the reusable im2col address logic (a CUDA-core
 //! gather can walk the same windows).
 
 use crate::device::{
-    block_idx_x, block_idx_y, cp_async_16, dynamic_smem, st_shared_v4, thread_idx_x,
+    block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, st_shared_v4, thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
@@ -161,6 +170,92 @@ fn slot_row(i: u32, row_chunks: u32, threads: u32) -> (u32, u32) {
 pub struct Copied;
 /// ... or element by element over the flattened K (any layout and channel count).
 pub struct Gathered;
+/// ... or by `UNIT`-byte `cp.async` copies (16 or 8) over K flattened by units: `unit =
+/// tap * units_per_tap + channel / (UNIT / size)` (`ConvGemmParams::c_tiles` is the units
+/// per tap), so a 64-wide K tile packs several taps of a problem with few channels (8
+/// taps of 8 f16 channels, 16 of 4) instead of padding each tap to a whole tile. A takes x
+/// channels-last with every pixel's group a whole number of units (the channel-padded
+/// copy the host stages, `src/ops/convolution/channel_padding.rs`); B takes the filter as
+/// dense rows of the flattened K (`w[0]` elements each, zeros past `taps * c_per_group` up
+/// to the last K tile).
+pub struct Packed<const UNIT: u32>;
+
+/// Where the `cp.async` im2col loader's copies of a K tile come from: `(tap, channel)` of
+/// each of a chunk's `16 / UNIT` units.
+pub trait ChunkMap {
+    /// Bytes per `cp.async` (16: one per chunk; 8: two per chunk).
+    const UNIT: u32;
+
+    /// Unit `h` of chunk `chunk` (a column of the `BK`-wide K-major tile) of K tile `kt`:
+    /// the stored tap and the channel within the group it starts at, and whether it lies
+    /// inside the GEMM's K (else it is zero-filled; the tap is then a valid one, `[0, 0,
+    /// 0]` where none is).
+    fn unit<E: MmaElement, const BK: u32>(
+        p: &ConvGemmParams,
+        kt: u32,
+        chunk: u32,
+        h: u32,
+    ) -> (KTile, bool);
+}
+
+impl ChunkMap for Copied {
+    const UNIT: u32 = 16;
+
+    /// K tile `kt` is one tap and `BK` channels ([`KTile::of`]); chunks past the group's
+    /// channels are outside.
+    #[inline(always)]
+    fn unit<E: MmaElement, const BK: u32>(
+        p: &ConvGemmParams,
+        kt: u32,
+        chunk: u32,
+        _h: u32,
+    ) -> (KTile, bool) {
+        let tile = KTile::of(p, kt, BK);
+        let c = tile.c0 + chunk * E::PER_CHUNK;
+        (
+            KTile {
+                tap: tile.tap,
+                c0: c,
+            },
+            c < p.geo.c_per_group,
+        )
+    }
+}
+
+impl<const UNIT: u32> ChunkMap for Packed<UNIT> {
+    const UNIT: u32 = UNIT;
+
+    /// Unit `(kt * chunks + chunk) * units_per_chunk + h` of the flattened K; units past
+    /// the last tap are outside.
+    #[inline(always)]
+    fn unit<E: MmaElement, const BK: u32>(
+        p: &ConvGemmParams,
+        kt: u32,
+        chunk: u32,
+        h: u32,
+    ) -> (KTile, bool) {
+        let per_unit = UNIT / E::BYTES;
+        let unit = (kt * (BK / E::PER_CHUNK) + chunk) * (16 / UNIT) + h;
+        let tile = KTile::of(p, unit, per_unit);
+        let inside = tile.tap[0] < p.geo.filter[0] && tile.c0 < p.geo.c_per_group;
+        let tap = if inside { tile.tap } else { [0; 3] };
+        (KTile { tap, c0: tile.c0 }, inside)
+    }
+}
+
+/// One `cp.async` of `unit` bytes (16 or 8, a constant after inlining) to shared `dst`:
+/// `src_bytes` (0 or `unit`) from `src`, zeros for the rest.
+///
+/// # Safety
+/// As [`cp_async_16`] / [`cp_async_ca`] for that size.
+#[inline(always)]
+unsafe fn cp_async_unit(unit: u32, dst: u32, src: *const u8, src_bytes: u32) {
+    if unit == 16 {
+        cp_async_16(dst, src, src_bytes)
+    } else {
+        cp_async_ca::<8>(dst, src, src_bytes)
+    }
+}
 
 pub struct Im2colTile<
     'a,
@@ -219,7 +314,8 @@ impl<
         const THREADS: u32,
         const SLOTS: usize,
         L: SmemLayout,
-    > TileLoader for Im2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Copied>
+        M: ChunkMap,
+    > TileLoader for Im2colTile<'_, E, ROWS, BK, THREADS, SLOTS, L, M>
 {
     const K_MAJOR: bool = true;
 
@@ -227,21 +323,24 @@ impl<
     unsafe fn load(&self, dst: u32, kt: u32) {
         let g = &self.p.geo;
         let row_chunks = BK / E::PER_CHUNK;
-        let tile = KTile::of(self.p, kt, BK);
-        let reach = tile.reach(g);
         let (_, chunk) = slot_row(0, row_chunks, THREADS);
-        let c = tile.c0 + chunk * E::PER_CHUNK;
-        // The group's channels come in whole chunks (c_per_group % PER_CHUNK == 0).
-        let c_inside = c < g.c_per_group;
-        let mut extra = c;
-        unrolled!(j in 3 => extra = extra.wrapping_add(reach[j] * g.x[2 + j]));
-        unrolled!(i in SLOTS => {
-            let (r, _) = slot_row(i as u32, row_chunks, THREADS);
-            let (src, bytes) = match self.windows[i].at(g, reach, extra) {
-                Some(e) if c_inside => (self.x.add((e * E::BYTES) as usize), 16),
-                _ => (self.x, 0),
-            };
-            cp_async_16(dst + L::offset(r, chunk, ROWS, row_chunks), src, bytes);
+        // Each unit's tap is the same for all of this thread's rows (one column of the
+        // tile); the group's channels come in whole units (`c_per_group` a multiple of
+        // `UNIT / size`).
+        unrolled!(h in 2 => if (h as u32) < 16 / M::UNIT {
+            let (tile, inside) = M::unit::<E, BK>(self.p, kt, chunk, h as u32);
+            let reach = tile.reach(g);
+            let mut extra = tile.c0;
+            unrolled!(j in 3 => extra = extra.wrapping_add(reach[j] * g.x[2 + j]));
+            unrolled!(i in SLOTS => {
+                let (r, _) = slot_row(i as u32, row_chunks, THREADS);
+                let (src, bytes) = match self.windows[i].at(g, reach, extra) {
+                    Some(e) if inside => (self.x.add((e * E::BYTES) as usize), M::UNIT),
+                    _ => (self.x, 0),
+                };
+                let to = dst + L::offset(r, chunk, ROWS, row_chunks) + h as u32 * M::UNIT;
+                cp_async_unit(M::UNIT, to, src, bytes);
+            });
         });
     }
 }
@@ -333,6 +432,38 @@ impl<
     }
 }
 
+impl<
+        E: MmaElement,
+        const ROWS: u32,
+        const BK: u32,
+        const THREADS: u32,
+        const SLOTS: usize,
+        L: SmemLayout,
+        const UNIT: u32,
+    > TileLoader for FilterTile<'_, E, ROWS, BK, THREADS, SLOTS, L, Packed<UNIT>>
+{
+    const K_MAJOR: bool = true;
+
+    /// The filter as dense rows of the flattened K, each holding every K tile whole: a
+    /// chunk is 16 consecutive bytes of a row.
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        let row_chunks = BK / E::PER_CHUNK;
+        let (_, chunk) = slot_row(0, row_chunks, THREADS);
+        let extra = (kt * row_chunks + chunk) * E::PER_CHUNK;
+        unrolled!(i in SLOTS => {
+            let (r, _) = slot_row(i as u32, row_chunks, THREADS);
+            let row = self.rows[i];
+            let (src, bytes) = if row != OUTSIDE {
+                (self.w.add(((row + extra) * E::BYTES) as usize), 16)
+            } else {
+                (self.w, 0)
+            };
+            cp_async_16(dst + L::offset(r, chunk, ROWS, row_chunks), src, bytes);
+        });
+    }
+}
+
 /// One element of the flattened GEMM K of the gather kernels: `kk = tap * c_per_group + c`
 /// with the tap `[t, r, s]` as the filter stores it.
 #[derive(Clone, Copy)]
@@ -363,7 +494,7 @@ const MAX_PER_CHUNK: usize = 8;
 /// # Safety
 /// `ptr` points at an element of type `E` (aligned for it).
 #[inline(always)]
-unsafe fn load_element<E: MmaElement>(ptr: *const u8) -> u32 {
+pub(crate) unsafe fn load_element<E: MmaElement>(ptr: *const u8) -> u32 {
     if E::BYTES == 2 {
         *(ptr as *const u16) as u32
     } else {
@@ -373,7 +504,7 @@ unsafe fn load_element<E: MmaElement>(ptr: *const u8) -> u32 {
 
 /// Puts element `e`'s bits `v` into a chunk's words.
 #[inline(always)]
-fn pack<E: MmaElement>(words: &mut [u32; 4], e: u32, v: u32) {
+pub(crate) fn pack<E: MmaElement>(words: &mut [u32; 4], e: u32, v: u32) {
     if E::BYTES == 2 {
         words[(e / 2) as usize] |= v << (16 * (e % 2));
     } else {
@@ -619,11 +750,12 @@ const fn slots(rows: u32, bk: u32, per_chunk: u32, threads: u32) -> usize {
     (rows * bk / per_chunk / threads) as usize
 }
 
-/// Stamps out `conv_fwd_<kind>_<BMxBN>_<dt>`: `(kind, A loader, B loader; dt, storage type,
-/// MmaElement, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`.
+/// Stamps out `conv_fwd_<kind>_<BMxBN>_<dt>`: `(kind, loader mode; dt, storage type,
+/// MmaElement, BM, BN, BK, WARPS_M, WARPS_N, STAGES, MI, NI)`; the mode ([`Copied`],
+/// [`Gathered`], [`Packed`]) picks [`Im2colTile`]'s and [`FilterTile`]'s loads.
 #[cfg(not(feature = "sm90a"))]
 macro_rules! igemm_mma_kernel {
-    ($kind:ident, $la:ident, $lb:ident; $dt:ident, $T:ty, $E:ty, $bm:literal, $bn:literal,
+    ($kind:ident, $mode:ty; $dt:ident, $T:ty, $E:ty, $bm:literal, $bn:literal,
      $bk:literal, $wm:literal, $wn:literal, $st:literal, $mi:literal, $ni:literal) => {
         // The tile is what the host launches for it (threads, stages, shared bytes), and
         // every thread's chunks share one column of the tile.
@@ -643,7 +775,9 @@ macro_rules! igemm_mma_kernel {
             /// tensors `p` describes; for the `cp.async` loaders (`igemm_tc`), x and the
             /// filter are channel-contiguous with their other strides and bases 16-byte
             /// aligned and whole chunks of channels per group (the gather loaders take
-            /// any layout).
+            /// any layout); for the packed ones (`igemm_tc_packed<UNIT>`), x as for
+            /// `igemm_tc` with whole `UNIT`-byte units of channels per group (bases and
+            /// strides `UNIT`-aligned) and the filter as [`Packed`] says.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<conv_fwd_ $kind _ $bm x $bn _ $dt>](
                 p: ConvGemmParams, x: *const $T, w: *const $T, y: *mut $T, bias: *const $T,
@@ -652,8 +786,10 @@ macro_rules! igemm_mma_kernel {
                 const T: u32 = 32 * $wm * $wn;
                 const PER: u32 = <$E as MmaElement>::PER_CHUNK;
                 type S = MmaTileShape<$bm, $bn, $bk, $wm, $wn, $st>;
-                type LA<'a> = $la<'a, $E, $bm, $bk, T, { slots($bm, $bk, PER, T) }, RowSwizzled>;
-                type LB<'a> = $lb<'a, $E, $bn, $bk, T, { slots($bn, $bk, PER, T) }, RowSwizzled>;
+                type LA<'a> =
+                    Im2colTile<'a, $E, $bm, $bk, T, { slots($bm, $bk, PER, T) }, RowSwizzled, $mode>;
+                type LB<'a> =
+                    FilterTile<'a, $E, $bn, $bk, T, { slots($bn, $bk, PER, T) }, RowSwizzled, $mode>;
                 let p = &p;
                 for_block::<$T, LA<'_>, LB<'_>>(
                     p,
@@ -676,13 +812,19 @@ mod sm80_kernels {
     use super::*;
     /// The `cp.async` im2col kernels (`conv_fwd_igemm_tc_*`).
     macro_rules! copy {
-        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc, Im2colTile, FilterTile; $($t)*); };
+        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc, Copied; $($t)*); };
     }
     /// The gathering kernels over the flattened K (`conv_fwd_igemm_tc_gather_*`).
     macro_rules! gather {
-        ($($t:tt)*) => {
-            igemm_mma_kernel!(igemm_tc_gather, GatherIm2colTile, GatherFilterTile; $($t)*);
-        };
+        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc_gather, Gathered; $($t)*); };
+    }
+    /// The packed kernels over K flattened by 16-byte units (`conv_fwd_igemm_tc_packed16_*`)
+    /// or 8-byte units (`conv_fwd_igemm_tc_packed8_*`, 16-bit types).
+    macro_rules! packed16 {
+        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc_packed16, Packed<16>; $($t)*); };
+    }
+    macro_rules! packed8 {
+        ($($t:tt)*) => { igemm_mma_kernel!(igemm_tc_packed8, Packed<8>; $($t)*); };
     }
     copy!(f16, F16, F16, 128, 256, 64, 2, 4, 3, 4, 8);
     copy!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
@@ -702,29 +844,46 @@ mod sm80_kernels {
     gather!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
     gather!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
     gather!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    packed16!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    packed16!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
+    packed16!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    packed16!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    packed16!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
+    packed16!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
+    packed16!(tf32, f32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
+    packed16!(tf32, f32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
+    packed8!(f16, F16, F16, 128, 128, 64, 2, 4, 4, 4, 4);
+    packed8!(f16, F16, F16, 128, 64, 64, 2, 2, 4, 4, 4);
+    packed8!(f16, F16, F16, 64, 64, 64, 2, 2, 4, 2, 4);
+    packed8!(bf16, Bf16, Bf16, 128, 128, 64, 2, 4, 4, 4, 4);
+    packed8!(bf16, Bf16, Bf16, 128, 64, 64, 2, 2, 4, 4, 4);
+    packed8!(bf16, Bf16, Bf16, 64, 64, 64, 2, 2, 4, 2, 4);
 }
 
-/// Stamps out `wgmma_conv_fwd_igemm_128x<BN>_<dt>` ([`wgmma_tile`], [`Sw128Atoms`] tiles).
+/// Stamps out `wgmma_conv_fwd_<kind>_128x<BN>_<dt>` ([`wgmma_tile`], [`Sw128Atoms`] tiles):
+/// `(kind, loader mode; dt, MmaElement, BN)`, the mode as in `igemm_mma_kernel!`.
 #[cfg(feature = "sm90a")]
 macro_rules! igemm_wgmma_kernel {
-    ($dt:ident, $E:ty, $bn:literal) => {
+    ($kind:ident, $mode:ty; $dt:ident, $E:ty, $bn:literal) => {
         const _: () = assert!(
             mma_stage_bytes(WGMMA_THREADS / 32, $bn) <= conv_wgmma_shared_bytes($bn) - 1024
                 && 64 * <$E as MmaElement>::BYTES == MMA_BK_BYTES
         );
         paste::paste! {
             /// # Safety
-            /// As `conv_fwd_igemm_tc_*`; the device is sm_90a.
+            /// As `conv_fwd_igemm_tc_*` of the same mode; the device is sm_90a.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<wgmma_conv_fwd_igemm_128x $bn _ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<wgmma_conv_fwd_ $kind _128x $bn _ $dt>](
                 p: ConvGemmParams, x: *const $E, w: *const $E, y: *mut $E, bias: *const $E,
                 z: *const $E,
             ) {
                 const T: u32 = WGMMA_THREADS;
                 const BK: u32 = MMA_BK_BYTES / <$E as MmaElement>::BYTES;
                 const PER: u32 = <$E as MmaElement>::PER_CHUNK;
-                type LA<'a> = Im2colTile<'a, $E, WGMMA_BM, BK, T, { slots(WGMMA_BM, BK, PER, T) }, Sw128Atoms>;
-                type LB<'a> = FilterTile<'a, $E, $bn, BK, T, { slots($bn, BK, PER, T) }, Sw128Atoms>;
+                type LA<'a> =
+                    Im2colTile<'a, $E, WGMMA_BM, BK, T, { slots(WGMMA_BM, BK, PER, T) }, Sw128Atoms, $mode>;
+                type LB<'a> =
+                    FilterTile<'a, $E, $bn, BK, T, { slots($bn, BK, PER, T) }, Sw128Atoms, $mode>;
                 let p = &p;
                 for_block::<$E, LA<'_>, LB<'_>>(
                     p,
@@ -745,10 +904,18 @@ macro_rules! igemm_wgmma_kernel {
 #[cfg(feature = "sm90a")]
 mod sm90a_kernels {
     use super::*;
-    igemm_wgmma_kernel!(f16, F16, 256);
-    igemm_wgmma_kernel!(f16, F16, 128);
-    igemm_wgmma_kernel!(f16, F16, 64);
-    igemm_wgmma_kernel!(bf16, Bf16, 256);
-    igemm_wgmma_kernel!(bf16, Bf16, 128);
-    igemm_wgmma_kernel!(bf16, Bf16, 64);
+    igemm_wgmma_kernel!(igemm, Copied; f16, F16, 256);
+    igemm_wgmma_kernel!(igemm, Copied; f16, F16, 128);
+    igemm_wgmma_kernel!(igemm, Copied; f16, F16, 64);
+    igemm_wgmma_kernel!(igemm, Copied; bf16, Bf16, 256);
+    igemm_wgmma_kernel!(igemm, Copied; bf16, Bf16, 128);
+    igemm_wgmma_kernel!(igemm, Copied; bf16, Bf16, 64);
+    igemm_wgmma_kernel!(igemm_packed16, Packed<16>; f16, F16, 128);
+    igemm_wgmma_kernel!(igemm_packed16, Packed<16>; f16, F16, 64);
+    igemm_wgmma_kernel!(igemm_packed16, Packed<16>; bf16, Bf16, 128);
+    igemm_wgmma_kernel!(igemm_packed16, Packed<16>; bf16, Bf16, 64);
+    igemm_wgmma_kernel!(igemm_packed8, Packed<8>; f16, F16, 128);
+    igemm_wgmma_kernel!(igemm_packed8, Packed<8>; f16, F16, 64);
+    igemm_wgmma_kernel!(igemm_packed8, Packed<8>; bf16, Bf16, 128);
+    igemm_wgmma_kernel!(igemm_packed8, Packed<8>; bf16, Bf16, 64);
 }

@@ -7,10 +7,21 @@
 //! In the `cp.async` kernels a 16-byte chunk of a tile is a run of consecutive channels of
 //! one input pixel (or of one filter tap), so they need x and the filter
 //! channel-contiguous (NHWC-like x, KRSC filter) with the group's channel count a whole
-//! number of chunks and every other stride 16-byte aligned. Where a problem is not
-//! ([`copy_declines`]: NCHW x, an RGB first layer, odd channel counts), the gather kernels
-//! `conv_fwd_igemm_tc_gather_<tile>_<dt>` run it instead: K flattened over (tap, channel)
-//! without padding per tap, elements loaded one by one (any layout, any channel count).
+//! number of chunks and every other stride 16-byte aligned.
+//!
+//! Problems whose channels per group are not whole 16-byte chunks (an RGB first layer,
+//! odd channel counts; any layout) are staged: x and the filter are copied into the
+//! workspace with their channels padded to a copy unit ([`channel_padding`]), and the
+//! packed kernels `conv_fwd_igemm_tc_packed<UNIT>_<tile>_<dt>` /
+//! `wgmma_conv_fwd_igemm_packed<UNIT>_128x<BN>_<dt>` run the padded problem: `cp.async`
+//! copies of whole units, K flattened over (tap, unit) so that one K tile holds several
+//! taps.
+//!
+//! Where whole chunks of channels lie elsewhere than the copies need ([`copy_declines`]:
+//! NCHW x, KCRS filters, misaligned strides), the gather kernels
+//! `conv_fwd_igemm_tc_gather_<tile>_<dt>` run the problem instead: K flattened over (tap,
+//! channel) without padding per tap, elements loaded one by one (any layout, any channel
+//! count; also problems whose padded copies would exceed 2^31 elements).
 //! y and z take any layout. Groups run as the grid's second dimension (each group is its
 //! own GEMM over its channels).
 //!
@@ -20,6 +31,7 @@
 //! walks the output pixels' windows, padding and strides included), B in tiled mode
 //! ([`tma_declines`] says what they need).
 
+use super::channel_padding;
 use super::{Call, Problem};
 use crate::buffer::Buffer;
 use crate::dtype::DataType;
@@ -34,24 +46,36 @@ use oxidnn_params::{
     MMA_BK_BYTES, TMA_BOX, WGMMA_BM, WGMMA_THREADS,
 };
 
+/// How a kernel's loaders fill the operand tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Loader {
+    /// 16-byte `cp.async` chunks of x and the filter where they lie, K padded to whole
+    /// tiles per tap (`conv_fwd_igemm_tc_*`).
+    Copy,
+    /// Element gathers over K flattened by (tap, channel) (`conv_fwd_igemm_tc_gather_*`).
+    Gather,
+    /// `unit`-byte `cp.async` copies over K flattened by (tap, unit), from the padded
+    /// copies of x and the filter ([`channel_padding`]; `conv_fwd_igemm_tc_packed<unit>_*`).
+    Packed { unit: u32 },
+}
+
 /// One block tile of the implicit GEMM: `bm` pixels by `bn` output channels, on `wgmma`
-/// (sm_90a) or `mma.sync`.
+/// (sm_90a) or `mma.sync`, with its loaders.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     bm: u32,
     bn: u32,
     wgmma: bool,
     /// The warp-specialised `wgmma` tile whose operands TMA copies
-    /// (`wgmma_conv_fwd_tma_*`).
+    /// (`wgmma_conv_fwd_tma_*`; [`Loader::Copy`] problems that [`tma_declines`] accepts).
     tma: bool,
-    /// The element-gathering loaders over the flattened K (`conv_fwd_igemm_tc_gather_*`).
-    gather: bool,
+    loader: Loader,
 }
 
 /// The tiles in order of preference (largest first, Hopper's first, TMA's before
 /// `cp.async`'s); a dtype has the ones whose kernels exist. The gather tiles run what the
-/// `cp.async` ones cannot.
-const TILES: [Tile; 13] = [
+/// `cp.async` ones cannot; the packed ones the channel-padded problems.
+const TILES: [Tile; 23] = [
     Tile::tma(256),
     Tile::tma(128),
     Tile::tma(64),
@@ -65,6 +89,16 @@ const TILES: [Tile; 13] = [
     Tile::gather(128, 128),
     Tile::gather(128, 64),
     Tile::gather(64, 64),
+    Tile::packed(128, 128, true, 16),
+    Tile::packed(128, 64, true, 16),
+    Tile::packed(128, 128, false, 16),
+    Tile::packed(128, 64, false, 16),
+    Tile::packed(64, 64, false, 16),
+    Tile::packed(128, 128, true, 8),
+    Tile::packed(128, 64, true, 8),
+    Tile::packed(128, 128, false, 8),
+    Tile::packed(128, 64, false, 8),
+    Tile::packed(64, 64, false, 8),
 ];
 
 /// The kernels' name for the operand type: the storage type, or `tf32` for f32 data.
@@ -82,7 +116,7 @@ impl Tile {
             bn,
             wgmma,
             tma: false,
-            gather: false,
+            loader: Loader::Copy,
         }
     }
 
@@ -92,7 +126,7 @@ impl Tile {
             bn,
             wgmma: true,
             tma: true,
-            gather: false,
+            loader: Loader::Copy,
         }
     }
 
@@ -102,7 +136,17 @@ impl Tile {
             bn,
             wgmma: false,
             tma: false,
-            gather: true,
+            loader: Loader::Gather,
+        }
+    }
+
+    const fn packed(bm: u32, bn: u32, wgmma: bool, unit: u32) -> Self {
+        Self {
+            bm,
+            bn,
+            wgmma,
+            tma: false,
+            loader: Loader::Packed { unit },
         }
     }
 
@@ -118,6 +162,11 @@ impl Tile {
     }
 
     fn kernel(&self, dtype: DataType) -> Option<&'static str> {
+        let loader = match self.loader {
+            Loader::Copy => String::new(),
+            Loader::Gather => "gather".to_string(),
+            Loader::Packed { unit } => format!("packed{unit}"),
+        };
         let name = if self.tma {
             format!(
                 "wgmma_conv_fwd_tma_{}x{}_{}",
@@ -127,15 +176,16 @@ impl Tile {
             )
         } else if self.wgmma {
             format!(
-                "wgmma_conv_fwd_igemm_{}x{}_{}",
+                "wgmma_conv_fwd_igemm{}{loader}_{}x{}_{}",
+                if loader.is_empty() { "" } else { "_" },
                 self.bm,
                 self.bn,
                 operand_name(dtype)
             )
         } else {
             format!(
-                "conv_fwd_igemm_tc_{}{}x{}_{}",
-                if self.gather { "gather_" } else { "" },
+                "conv_fwd_igemm_tc_{loader}{}{}x{}_{}",
+                if loader.is_empty() { "" } else { "_" },
                 self.bm,
                 self.bn,
                 operand_name(dtype)
@@ -182,22 +232,41 @@ fn per_chunk(dtype: DataType) -> u32 {
 }
 
 /// Channels per K tile (one 128-byte row of a stage).
-fn bk(dtype: DataType) -> u32 {
+pub(super) fn bk(dtype: DataType) -> u32 {
     MMA_BK_BYTES / dtype.size_bytes() as u32
 }
 
 /// `(output pixels, GEMM K tiles)` of the `cp.async` kernels (K padded to whole tiles
-/// per tap) or the gather kernels (`gather`: K flattened, `taps * c_per_group`).
-fn gemm_extents(p: &Problem, gather: bool) -> (u64, u64) {
+/// per tap) or the gather and packed kernels (K flattened, `taps * c_per_group`; for the
+/// packed ones `p` is the padded problem).
+fn gemm_extents(p: &Problem, loader: Loader) -> (u64, u64) {
     let g = &p.geo;
     let m = g.n as u64 * g.output.iter().map(|&o| o as u64).product::<u64>();
     let taps = g.filter.iter().map(|&f| f as u64).product::<u64>();
     let bk = bk(p.dtype) as u64;
-    if gather {
-        (m, (taps * g.c_per_group as u64).div_ceil(bk))
-    } else {
-        (m, taps * (g.c_per_group as u64).div_ceil(bk))
+    match loader {
+        Loader::Copy => (m, taps * (g.c_per_group as u64).div_ceil(bk)),
+        Loader::Gather | Loader::Packed { .. } => (m, (taps * g.c_per_group as u64).div_ceil(bk)),
     }
+}
+
+/// The loaders this problem runs on: packed where its channels are padded
+/// ([`channel_padding::plan`]), else copied where [`copy_declines`] lets them, else
+/// gathered.
+fn loader(p: &Problem) -> Loader {
+    match channel_padding::plan(p) {
+        Some(pad) => Loader::Packed { unit: pad.unit },
+        None if copy_declines(p).is_some() => Loader::Gather,
+        None => Loader::Copy,
+    }
+}
+
+/// Workspace bytes: the padded copies of x and the filter where the problem is padded.
+pub(super) fn workspace_bytes(p: &Problem) -> usize {
+    if declines(p).is_some() {
+        return 0;
+    }
+    channel_padding::workspace_bytes(p)
 }
 
 /// Why this algorithm cannot run the problem, or `None` if it can (the gather kernels
@@ -218,22 +287,27 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
     if g.groups > 65535 {
         return Some(format!("{} groups exceed the grid's 65535", g.groups));
     }
-    let gather = copy_declines(p).is_some();
-    let (m, k_tiles) = gemm_extents(p, gather);
+    let (m, k_tiles) = match channel_padding::plan(p) {
+        Some(pad) => gemm_extents(
+            &channel_padding::padded(p, &pad),
+            Loader::Packed { unit: pad.unit },
+        ),
+        None => gemm_extents(p, loader(p)),
+    };
     if k_tiles * bk(p.dtype) as u64 > u32::MAX as u64 || m > i32::MAX as u64 {
         return Some("the GEMM's K or M exceeds 32 bits".to_string());
     }
     None
 }
 
-/// Why the `cp.async` kernels cannot copy the problem's operands in 16-byte chunks (the
-/// gather kernels then run it), or `None` if they can.
 /// Whether this problem runs on the element-gathering kernels (the `cp.async` ones
 /// decline its layout), which are several times slower per flop.
 pub(super) fn gathers(p: &Problem) -> bool {
-    copy_declines(p).is_some()
+    loader(p) == Loader::Gather
 }
 
+/// Why the `cp.async` kernels cannot copy the problem's operands in 16-byte chunks (the
+/// gather kernels then run it, or the packed ones its padded copy), or `None` if they can.
 fn copy_declines(p: &Problem) -> Option<String> {
     let g = &p.geo;
     let per = per_chunk(p.dtype);
@@ -388,21 +462,19 @@ fn tma_maps(call: &Call) -> Result<TmaOperands> {
 /// mostly past the group's channels: the largest whose blocks keep 3/4 of the SMs busy (8
 /// blocks per SM when K < 256, where the epilogue dominates), else the smallest.
 ///
-/// Problems the `cp.async` kernels cannot copy ([`copy_declines`]) choose among the
-/// gather tiles alone, the same way.
+/// Problems on the gather or packed kernels choose among those tiles alone, the same way.
 ///
 /// `OXIDNN_CONV_IGEMM_TILE=BMxBN` (`BMxBNw` for `wgmma`, `BMxBNt` for TMA) forces a
 /// tile, for tuning and tests; naming one without a kernel for the problem is an error.
-fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
+fn choose(p: &Problem, gpu: &Gpu, loader: Loader) -> Result<(Tile, &'static str)> {
     let g = &p.geo;
-    let gather = copy_declines(p).is_some();
-    let (m, k_tiles) = gemm_extents(p, gather);
+    let (m, k_tiles) = gemm_extents(p, loader);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
     let tma = gpu.is_sm90a() && tma_declines(p).is_none();
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
-        .filter(|t| t.gather == gather)
+        .filter(|t| t.loader == loader)
         .filter(|t| !t.wgmma || gpu.is_sm90a())
         .filter(|t| !t.tma || tma)
         .filter_map(|t| t.kernel(p.dtype).map(|name| (t, name)))
@@ -449,10 +521,19 @@ fn choose(p: &Problem, gpu: &Gpu) -> Result<(Tile, &'static str)> {
 }
 
 pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
+    match channel_padding::plan(call.p) {
+        Some(pad) => channel_padding::launch(call, y, pad),
+        None => launch_with(call, y, loader(call.p)),
+    }
+}
+
+/// Runs the problem on `loader`'s kernels; for [`Loader::Packed`], `call` is the padded
+/// problem with x and the filter at their padded copies ([`channel_padding::launch`]).
+pub(super) fn launch_with(call: &Call, y: &mut Buffer, loader: Loader) -> Result<()> {
     let p = call.p;
     let g = &p.geo;
-    let (tile, kernel) = choose(p, call.gpu)?;
-    let (m, k_tiles) = gemm_extents(p, tile.gather);
+    let (tile, kernel) = choose(p, call.gpu, loader)?;
+    let (m, k_tiles) = gemm_extents(p, loader);
     let tiles_m = m.div_ceil(tile.bm as u64);
     let tiles_n = g.k_per_group.div_ceil(tile.bn) as u64;
     if tiles_m * tiles_n > i32::MAX as u64 {
@@ -464,7 +545,11 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         geo: *g,
         ops: call.ops(),
         pixels: PixelIndex::new(g.output),
-        c_tiles: FastDivisor::new(g.c_per_group.div_ceil(bk(p.dtype))),
+        c_tiles: FastDivisor::new(match loader {
+            // Units per tap (the padded channels are whole units).
+            Loader::Packed { unit } => g.c_per_group / (unit / p.dtype.size_bytes() as u32),
+            _ => g.c_per_group.div_ceil(bk(p.dtype)),
+        }),
         filter_r: FastDivisor::new(g.filter[1]),
         filter_s: FastDivisor::new(g.filter[2]),
         m: m as u32,
@@ -501,7 +586,12 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     // loaders issue for an element inside lies in its buffer, and copies outside are
     // zero-fills that read nothing; the gather kernels load single elements, only those
     // inside the input, the filter and the flattened K (`channels` is c_per_group, the
-    // K tiles cover taps * c_per_group, the rest zeros); bias and z
+    // K tiles cover taps * c_per_group, the rest zeros); for the packed kernels, x and the
+    // filter are the padded copies `channel_padding::launch` staged in the workspace (x
+    // dense channels-last with whole units of channels per group, its strides multiples
+    // of the unit; the filter dense rows of `w[0]` elements holding every K tile the
+    // kernel reads, `k_tiles * BK <= w[0]`), 256-byte aligned, and the units past the last
+    // tap are zero-fills that read nothing; bias and z
     // are read only when the epilogue has them, which is exactly when they were given.
     unsafe { call.gpu.launch(kernel, cfg, &params, &pointers) }
 }
