@@ -1534,8 +1534,9 @@ fn depthwise_nhwc(
 }
 
 /// The channels-last 3x3 depthwise path (for f16 and bf16 the `strip` kernels: seven
-/// output pixels of one 16-byte channel vector per thread, stride 1 or 2 along w; f32 and
-/// wide stride-2 outputs take the `vec` kernel) on the shapes at its edges: widths below,
+/// output pixels of one 16-byte channel vector per thread, stride 1 or 2 along w, where
+/// `tile3` declines (stride or dilation 2 along h, outputs narrower than 7), `tile3` on
+/// the other stride-1 shapes; f32 and wide stride-2 outputs take the `vec` kernel) on the shapes at its edges: widths below,
 /// at and past one strip and not multiples of it, padding 0 to 3 (pad 3 leaves outputs
 /// whose every tap is padding), stride and dilation along h that differ from w's, more
 /// than one warp of channel vectors, a stride-2 output wider than two strips, and channel
@@ -1594,11 +1595,11 @@ fn check_depthwise_both_ways(h: &Handle, case: Case, exact: bool, seed: u64) {
 }
 
 /// The `tile3` depthwise kernel (f16 and bf16 channels-last with 16-byte channel vectors,
-/// a packed 3x3 filter at stride 1 and dilation 1 along h and w, outputs at least 14
+/// a packed 3x3 filter at stride 1 and dilation 1 along h and w, outputs at least 7
 /// wide: input rows staged in shared memory, one output vector per thread per row) on
 /// the shapes at its tiles' edges, as the heuristic tiles them: 1, 2 and 8 channel
-/// vectors per block (8, 16, 48 and 128 channels) and 33 channel tiles of one vector (264
-/// channels); one column tile (14, 28, 33, 34 wide) and five uneven ones (64 -> 4 x 13 +
+/// vectors per block (8, 16, 32, 48 and 128 channels) and 33 channel tiles of one vector (264
+/// channels); one column tile (7, 14, 28, 33, 34 wide) and five uneven ones (64 -> 4 x 13 +
 /// 12); heights below one row tile, at it and past it with a short last tile (35 -> 28 +
 /// 7); padding 0 to 3 (padding 2 and 3 give output rows and columns whose taps reach past
 /// x); padding that differs between h and w. Next to them the problems the kernel
@@ -1618,6 +1619,7 @@ fn depthwise_tile3_matches_the_reference_at_tile_edges() {
                 ((1, 128, [15, 64]), ([1, 1], [1, 1], [1, 1])),
                 ((1, 64, [14, 14]), ([1, 1], [1, 1], [1, 1])),
                 ((2, 48, [12, 28]), ([1, 1], [1, 1], [1, 1])),
+                ((3, 32, [7, 7]), ([1, 1], [1, 1], [1, 1])),
                 ((2, 8, [31, 30]), ([3, 0], [1, 1], [1, 1])),
                 ((1, 32, [6, 29]), ([1, 1], [1, 1], [2, 1])),
                 ((1, 16, [9, 30]), ([1, 1], [2, 1], [1, 1])),
@@ -1636,8 +1638,7 @@ fn depthwise_tile3_matches_the_reference_at_tile_edges() {
 }
 
 /// `OXIDNN_CONV_DW_TILE` forces the `tile3` kernel's block tile (run alone: the variable
-/// is process-wide), with one thread per channel vector and with two (`h`, the `tile3h`
-/// kernel): tiles of one column, one row and one channel vector, tiles wider
+/// is process-wide): tiles of one column, one row and one channel vector, tiles wider
 /// and taller than the output, tiles that leave most of a block's threads idle, and the
 /// heuristic's kernels forced by name, all against the reference; a tile the kernel
 /// cannot take is an error naming the variable, never a silent fallback.
@@ -1657,8 +1658,7 @@ fn depthwise_forced_tiles_match_the_reference() {
             ((1, 64, [4, 3]), ([0, 1], [1, 1], [1, 1])),
         ] {
             for tile in [
-                "1x1x1", "2x1x3", "1x7x2", "3x5x4", "1x64x64", "8x32x16", "2x3x100", "1x1x1h",
-                "2x9x4h", "3x5x7h", "8x16x28h", "vec", "strip",
+                "1x1x1", "2x1x3", "1x7x2", "3x5x4", "1x64x64", "8x32x16", "2x3x100", "vec", "strip",
             ] {
                 std::env::set_var(VAR, tile);
                 let case = depthwise_nhwc(dt, dims, geo, XCORR);
@@ -1697,7 +1697,7 @@ fn depthwise_forced_tiles_match_the_reference() {
 
 /// Tuning aid for the channels-last depthwise kernels (run alone: it sets
 /// `OXIDNN_CONV_DW_TILE`): MobileNet's f16 depthwise layers at N = 64 under the
-/// heuristic and under `vec`, `strip` and a sweep of `tile3` and `tile3h` block tiles,
+/// heuristic and under `vec`, `strip` and a sweep of `tile3` block tiles,
 /// timed on the host clock around 20 queued calls on rotating buffers. Lines `DWTILE layer kernel µs`, then per layer
 /// `DWBEST`.
 #[test]
@@ -1800,11 +1800,9 @@ fn time_depthwise_tiles() {
                     out.min(64),
                 ] {
                     for th in [7, 14, 28] {
-                        for half in ["", "h"] {
-                            let k = format!("{cv}x{tw}x{th}{half}");
-                            if th <= out && !kernels.contains(&k) {
-                                kernels.push(k);
-                            }
+                        let k = format!("{cv}x{tw}x{th}");
+                        if th <= out && !kernels.contains(&k) {
+                            kernels.push(k);
                         }
                     }
                 }

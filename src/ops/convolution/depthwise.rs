@@ -1,13 +1,17 @@
 //! [`ConvFwdAlgo::Depthwise`](super::ConvFwdAlgo::Depthwise): depthwise convolutions
 //! (groups == c, one input channel per group, any channel multiplier), every dtype, any
 //! filter, stride, dilation, padding and mode. Channels-last x and y with 16-byte channel
-//! vectors (and multiplier 1) run `conv_fwd_depthwise_strip3s<1|2>_<f16|bf16>` for packed
-//! 3x3 filters at stride 1 (or 2 on narrow outputs) and dilation 1 along the innermost
-//! dim (one thread per channel vector of seven output pixels, filter and input columns in
-//! registers; see `strip_stride`), else
+//! vectors (and multiplier 1) run, for packed 3x3 16-bit filters,
+//! `conv_fwd_depthwise_tile3_<f16|bf16>` at stride 1 and dilation 1 along h and w on
+//! outputs at least 7 wide (input rows staged in shared memory by `cp.async`, one output
+//! vector per thread per row; see `default_tile`), else
+//! `conv_fwd_depthwise_strip3s<1|2>_<f16|bf16>` at stride 1 (or 2 on narrow outputs) and
+//! dilation 1 along the innermost dim (one thread per channel vector of seven output
+//! pixels, filter and input columns in registers; see `strip_stride`), else
 //! `conv_fwd_depthwise_vec_<dtype>` (one thread per channel vector of two output pixels);
 //! everything else `conv_fwd_depthwise_rows_<dtype>` (one thread per four consecutive
-//! outputs of a row, input windows in registers).
+//! outputs of a row, input windows in registers). `OXIDNN_CONV_DW_TILE` forces the
+//! channels-last kernel (see `forced`).
 
 use super::{Call, Problem};
 use crate::buffer::Buffer;
@@ -72,20 +76,18 @@ fn strip_stride(call: &Call) -> Option<u32> {
 }
 
 /// A `tile3` kernel's block tile: `channel_vectors` 16-byte channel vectors of `tile_h`
-/// output rows by `tile_w` output columns; `half`: two threads per channel vector
-/// (`conv_fwd_depthwise_tile3h_<dtype>`), else one.
+/// output rows by `tile_w` output columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tile {
     channel_vectors: u32,
     tile_w: u32,
     tile_h: u32,
-    half: bool,
 }
 
 impl Tile {
-    /// Threads per block: one per output vector (or half vector) of a row.
+    /// Threads per block: one per output vector of a row.
     fn threads(&self) -> u32 {
-        dw_tile_threads(self.channel_vectors * (1 + self.half as u32), self.tile_w)
+        dw_tile_threads(self.channel_vectors, self.tile_w)
     }
 }
 
@@ -126,13 +128,11 @@ fn default_tile(g: &oxidnn_params::ConvGeometry, vec: u32) -> Tile {
         channel_vectors,
         tile_w,
         tile_h: 28.min(g.output[1]),
-        half: false,
     }
 }
 
 /// `OXIDNN_CONV_DW_TILE` forces the channels-last kernel, for tuning and tests: `vec`,
-/// `strip`, `CVxTWxTH` (the `tile3` kernel with that block tile) or `CVxTWxTHh` (the
-/// `tile3h` kernel). An error where the forced kernel cannot run the problem (never a
+/// `strip` or `CVxTWxTH` (the `tile3` kernel with that block tile). An error where the forced kernel cannot run the problem (never a
 /// silent fallback).
 fn forced(call: &Call, vec: u32) -> Result<Option<ChannelsLast>> {
     let Ok(v) = std::env::var("OXIDNN_CONV_DW_TILE") else {
@@ -151,13 +151,9 @@ fn forced(call: &Call, vec: u32) -> Result<Option<ChannelsLast>> {
             None => refuse("the strip kernels need a packed 3x3 16-bit filter at stride 1 or 2"),
         },
         _ => {
-            let (dims, half) = match v.strip_suffix('h') {
-                Some(dims) => (dims, true),
-                None => (v.as_str(), false),
-            };
-            let dims: Vec<u32> = dims.split('x').filter_map(|d| d.parse().ok()).collect();
+            let dims: Vec<u32> = v.split('x').filter_map(|d| d.parse().ok()).collect();
             let [channel_vectors, tile_w, tile_h] = dims[..] else {
-                return refuse("expected `vec`, `strip`, `CVxTWxTH` or `CVxTWxTHh`");
+                return refuse("expected `vec`, `strip` or `CVxTWxTH`");
             };
             if !tile_fits(call) {
                 return refuse(
@@ -168,7 +164,6 @@ fn forced(call: &Call, vec: u32) -> Result<Option<ChannelsLast>> {
                 channel_vectors,
                 tile_w,
                 tile_h,
-                half,
             };
             let ok = channel_vectors > 0
                 && (g.k / vec).is_multiple_of(channel_vectors)
@@ -186,14 +181,15 @@ fn forced(call: &Call, vec: u32) -> Result<Option<ChannelsLast>> {
     }
 }
 
-/// The channels-last kernel: forced, else `tile3` for stride-1 outputs at least 14 wide,
+/// The channels-last kernel: forced, else `tile3` for stride-1 outputs at least 7 wide
+/// (on H100 it beat `strip` on every MobileNet stride-1 layer, 7x7 included, by 1.1-1.5x),
 /// `strip` where it runs, else `vec`.
 fn channels_last(call: &Call, vec: u32) -> Result<ChannelsLast> {
     if let Some(k) = forced(call, vec)? {
         return Ok(k);
     }
     let g = &call.p.geo;
-    Ok(if tile_fits(call) && g.output[2] >= 14 {
+    Ok(if tile_fits(call) && g.output[2] >= 7 {
         ChannelsLast::Tile(default_tile(g, vec))
     } else {
         match strip_stride(call) {
@@ -256,7 +252,6 @@ fn launch_tile(call: &Call, tile: Tile, vec: u32, pointers: &[u64; 5]) -> Result
         channel_vectors,
         tile_w,
         tile_h,
-        half,
     } = tile;
     let params = ConvDepthwiseTileParams {
         geo: *g,
@@ -286,8 +281,7 @@ fn launch_tile(call: &Call, tile: Tile, vec: u32, pointers: &[u64; 5]) -> Result
             "the depthwise tile3 kernel needs {blocks} blocks (more than 2^31-1)"
         )));
     }
-    let kind = if half { "tile3h" } else { "tile3" };
-    let name = format!("conv_fwd_depthwise_{kind}_{}", call.p.dtype.name());
+    let name = format!("conv_fwd_depthwise_tile3_{}", call.p.dtype.name());
     let kernel = kernels::lookup(&name)
         .ok_or_else(|| Error::unsupported(format!("no depthwise convolution kernel `{name}`")))?;
     let cfg = LaunchConfig {
