@@ -261,11 +261,19 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     ("conv_fwd_implicit_gemm_64x128_", 256, 2),
 ];
 
-/// Adds `.maxntid` / `.minnctapersm` to the entries [`MIN_BLOCKS_PER_SM`] names, after
-/// their parameter lists.
+/// Kernels whose registers are capped by `.maxnreg`: `(name prefix, registers)`, where
+/// the cap matters at several block shapes (a `.maxntid` would fix one).
+/// The depthwise `tile3` kernels: 144 registers fit two blocks of 7 warps (its usual
+/// 224-thread block) or three of 4 per SM, without spills; unbounded ptxas 12.9 takes
+/// 155 (one 224-thread block per SM), and at 128 (`.maxntid 256` + 2 blocks) it spills.
+const MAX_REGISTERS: &[(&str, u32)] = &[("conv_fwd_depthwise_tile3_", 144)];
+
+/// Adds `.maxntid` / `.minnctapersm` to the entries [`MIN_BLOCKS_PER_SM`] names, and
+/// `.maxnreg` to those [`MAX_REGISTERS`] names, after their parameter lists.
 fn occupancy_hints(ptx: &str) -> String {
     let mut out = String::with_capacity(ptx.len() + 1024);
     let mut pending = None;
+    let mut pending_registers = None;
     for line in ptx.lines() {
         out.push_str(line);
         out.push('\n');
@@ -275,11 +283,18 @@ fn occupancy_hints(ptx: &str) -> String {
                 .iter()
                 .find(|(prefix, _, _)| name.starts_with(prefix))
                 .map(|&(_, threads, blocks)| (threads, blocks));
+            pending_registers = MAX_REGISTERS
+                .iter()
+                .find(|(prefix, _)| name.starts_with(prefix))
+                .map(|&(_, registers)| registers);
         } else if line.starts_with(')') {
             if let Some((threads, blocks)) = pending.take() {
                 out.push_str(&format!(
                     ".maxntid {threads}, 1, 1\n.minnctapersm {blocks}\n"
                 ));
+            }
+            if let Some(registers) = pending_registers.take() {
+                out.push_str(&format!(".maxnreg {registers}\n"));
             }
         }
     }

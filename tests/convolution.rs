@@ -1534,8 +1534,9 @@ fn depthwise_nhwc(
 }
 
 /// The channels-last 3x3 depthwise path (for f16 and bf16 the `strip` kernels: seven
-/// output pixels of one 16-byte channel vector per thread, stride 1 or 2 along w; f32 and
-/// wide stride-2 outputs take the `vec` kernel) on the shapes at its edges: widths below,
+/// output pixels of one 16-byte channel vector per thread, stride 1 or 2 along w, where
+/// `tile3` declines (stride or dilation 2 along h, outputs narrower than 7), `tile3` on
+/// the other stride-1 shapes; f32 and wide stride-2 outputs take the `vec` kernel) on the shapes at its edges: widths below,
 /// at and past one strip and not multiples of it, padding 0 to 3 (pad 3 leaves outputs
 /// whose every tap is padding), stride and dilation along h that differ from w's, more
 /// than one warp of channel vectors, a stride-2 output wider than two strips, and channel
@@ -1573,6 +1574,254 @@ fn depthwise_channels_last_3x3_matches_the_reference_at_strip_edges() {
             }
         },
     );
+}
+
+/// Checks `case` on the Depthwise algorithm twice: through the full epilogue (bias,
+/// residual, relu, beta 1: `check_forced`) and plain (beta 0 into a poisoned y, so an
+/// output the kernel never writes cannot pass).
+fn check_depthwise_both_ways(h: &Handle, case: Case, exact: bool, seed: u64) {
+    check_forced(h, case.clone(), ConvFwdAlgo::Depthwise, exact, seed);
+    let inputs = Inputs::draw(&case, exact, &mut rng(seed + 1));
+    let want = inputs.reference(&case);
+    let perf = ConvFwdAlgoPerf {
+        algo: ConvFwdAlgo::Depthwise,
+        time_ms: 0.0,
+        workspace_bytes: 0,
+        deterministic: true,
+        reduced_precision: false,
+    };
+    let tol = if exact { 0.0 } else { case.tolerance(&perf) };
+    run_and_check(h, &case, &inputs, ConvFwdAlgo::Depthwise, &want, tol);
+}
+
+/// The `tile3` depthwise kernel (f16 and bf16 channels-last with 16-byte channel vectors,
+/// a packed 3x3 filter at stride 1 and dilation 1 along h and w, outputs at least 7
+/// wide: input rows staged in shared memory, one output vector per thread per row) on
+/// the shapes at its tiles' edges, as the heuristic tiles them: 1, 2 and 8 channel
+/// vectors per block (8, 16, 32, 48 and 128 channels) and 33 channel tiles of one vector (264
+/// channels); one column tile (7, 14, 28, 33, 34 wide) and five uneven ones (64 -> 4 x 13 +
+/// 12); heights below one row tile, at it and past it with a short last tile (35 -> 28 +
+/// 7); padding 0 to 3 (padding 2 and 3 give output rows and columns whose taps reach past
+/// x); padding that differs between h and w. Next to them the problems the kernel
+/// declines (stride 2 or dilation 2 along h only), which keep the `strip` kernel. f32
+/// (the `vec` kernel) checks the same shapes. Both modes, each with the full epilogue and
+/// plain into a poisoned output.
+#[test]
+fn depthwise_tile3_matches_the_reference_at_tile_edges() {
+    with_gpu("depthwise_tile3_matches_the_reference_at_tile_edges", |h| {
+        for dt in [DataType::F16, DataType::BF16, DataType::F32] {
+            for (seed, (dims, geo)) in [
+                ((2, 8, [5, 28]), ([1, 1], [1, 1], [1, 1])),
+                ((1, 24, [20, 33]), ([1, 1], [1, 1], [1, 1])),
+                ((2, 40, [16, 30]), ([0, 0], [1, 1], [1, 1])),
+                ((1, 16, [9, 30]), ([2, 3], [1, 1], [1, 1])),
+                ((1, 264, [3, 29]), ([1, 1], [1, 1], [1, 1])),
+                ((1, 128, [15, 64]), ([1, 1], [1, 1], [1, 1])),
+                ((1, 64, [14, 14]), ([1, 1], [1, 1], [1, 1])),
+                ((2, 48, [12, 28]), ([1, 1], [1, 1], [1, 1])),
+                ((3, 32, [7, 7]), ([1, 1], [1, 1], [1, 1])),
+                ((2, 8, [31, 30]), ([3, 0], [1, 1], [1, 1])),
+                ((1, 32, [6, 29]), ([1, 1], [1, 1], [2, 1])),
+                ((1, 16, [9, 30]), ([1, 1], [2, 1], [1, 1])),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let exact = dt == DataType::F32;
+                for (m, mode) in [XCORR, ConvMode::Convolution].into_iter().enumerate() {
+                    let case = depthwise_nhwc(dt, dims, geo, mode);
+                    check_depthwise_both_ways(h, case, exact, (100 * m + seed) as u64);
+                }
+            }
+        }
+    });
+}
+
+/// `OXIDNN_CONV_DW_TILE` forces the `tile3` kernel's block tile (run alone: the variable
+/// is process-wide): tiles of one column, one row and one channel vector, tiles wider
+/// and taller than the output, tiles that leave most of a block's threads idle, and the
+/// heuristic's kernels forced by name, all against the reference; a tile the kernel
+/// cannot take is an error naming the variable, never a silent fallback.
+/// `cargo test --release --test convolution -- --ignored --test-threads=1 depthwise_forced`.
+#[test]
+#[ignore]
+fn depthwise_forced_tiles_match_the_reference() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    const VAR: &str = "OXIDNN_CONV_DW_TILE";
+    let mut seed = 0;
+    for dt in [DataType::F16, DataType::BF16] {
+        for (dims, geo) in [
+            ((2, 16, [9, 30]), ([1, 1], [1, 1], [1, 1])),
+            ((1, 24, [13, 7]), ([2, 1], [1, 1], [1, 1])),
+            ((1, 64, [4, 3]), ([0, 1], [1, 1], [1, 1])),
+        ] {
+            for tile in [
+                "1x1x1", "2x1x3", "1x7x2", "3x5x4", "1x64x64", "8x32x16", "2x3x100", "vec", "strip",
+            ] {
+                std::env::set_var(VAR, tile);
+                let case = depthwise_nhwc(dt, dims, geo, XCORR);
+                let vectors = dims.1 / 8;
+                let cv: usize = tile.split('x').next().unwrap().parse().unwrap_or(1);
+                if vectors % cv == 0 {
+                    seed += 1;
+                    check_depthwise_both_ways(h, case, false, seed);
+                } else {
+                    let x = h.alloc(&case.x).unwrap();
+                    let w = h.alloc(case.w.tensor()).unwrap();
+                    let mut y = h.alloc(&case.y).unwrap();
+                    let e = convolution_forward_with(
+                        h,
+                        1.0,
+                        &case.x,
+                        &x,
+                        &case.w,
+                        &w,
+                        &case.conv,
+                        ConvFwdAlgo::Depthwise,
+                        None,
+                        0.0,
+                        &case.y,
+                        &mut y,
+                        &ConvEpilogue::default(),
+                    )
+                    .unwrap_err();
+                    assert!(e.to_string().contains(VAR), "{tile}: {e}");
+                }
+            }
+        }
+    }
+    std::env::remove_var(VAR);
+}
+
+/// Tuning aid for the channels-last depthwise kernels (run alone: it sets
+/// `OXIDNN_CONV_DW_TILE`): MobileNet's f16 depthwise layers at N = 64 under the
+/// heuristic and under `vec`, `strip` and a sweep of `tile3` block tiles,
+/// timed on the host clock around 20 queued calls on rotating buffers. Lines `DWTILE layer kernel µs`, then per layer
+/// `DWBEST`.
+#[test]
+#[ignore]
+fn time_depthwise_tiles() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    const VAR: &str = "OXIDNN_CONV_DW_TILE";
+    // (name, C, H = W, stride) of benches/shapes/mobilenet.txt.
+    let layers = [
+        ("conv2_1", 32, 112, 1),
+        ("conv2_2", 64, 112, 2),
+        ("conv3_1", 128, 56, 1),
+        ("conv3_2", 128, 56, 2),
+        ("conv4_1", 256, 28, 1),
+        ("conv4_2", 256, 28, 2),
+        ("conv5_1", 512, 14, 1),
+        ("conv5_6", 512, 14, 2),
+        ("conv6", 1024, 7, 1),
+        ("block1_dw96s2", 96, 112, 2),
+        ("block2_dw144", 144, 56, 1),
+        ("block3_dw144s2", 144, 56, 2),
+        ("block4_dw192", 192, 28, 1),
+        ("block6_dw192s2", 192, 28, 2),
+        ("block7_dw384", 384, 14, 1),
+        ("block11_dw576", 576, 14, 1),
+        ("block13_dw576s2", 576, 14, 2),
+        ("block14_dw960", 960, 7, 1),
+    ];
+    let mut r = rng(12);
+    for (name, c, hw, stride) in layers {
+        let case = case2d(
+            DataType::F16,
+            MathType::Fma,
+            (64, c, c, [hw, hw]),
+            (3, 1, stride, 1, c),
+            Layout::ChannelsLast,
+            XCORR,
+        );
+        let out = case.y.dims()[3];
+        // Buffer sets rotate (200 MB in all, as the bench's) so that no call reads what
+        // the previous one left in L2.
+        let bytes = 2 * (case.x.dims().iter().product::<usize>() * 2);
+        let sets = (200usize << 20).div_ceil(bytes).clamp(2, 32);
+        let xs: Vec<_> = (0..sets)
+            .map(|_| h.upload_tensor(&random(case.x, -1.0, 1.0, &mut r)).unwrap())
+            .collect();
+        let mut ys: Vec<_> = (0..sets).map(|_| h.alloc(&case.y).unwrap()).collect();
+        let w = h
+            .upload_tensor(&random(*case.w.tensor(), -1.0, 1.0, &mut r))
+            .unwrap();
+        let mut next = 0;
+        let mut time = |kernel: Option<&str>| -> Option<f64> {
+            match kernel {
+                Some(v) => std::env::set_var(VAR, v),
+                None => std::env::remove_var(VAR),
+            }
+            let mut call = || {
+                next = (next + 1) % sets;
+                convolution_forward_with(
+                    h,
+                    1.0,
+                    &case.x,
+                    &xs[next],
+                    &case.w,
+                    &w,
+                    &case.conv,
+                    ConvFwdAlgo::Depthwise,
+                    None,
+                    0.0,
+                    &case.y,
+                    &mut ys[next],
+                    &ConvEpilogue::default(),
+                )
+            };
+            call().ok()?;
+            call().ok()?;
+            h.synchronize().unwrap();
+            let start = std::time::Instant::now();
+            for _ in 0..20 {
+                call().unwrap();
+            }
+            h.synchronize().unwrap();
+            Some(start.elapsed().as_secs_f64() / 20.0 * 1e6)
+        };
+        let default = time(None).unwrap_or(f64::NAN);
+        println!("DWTILE {name} heuristic {default:.1}");
+        let mut best = ("heuristic".to_string(), default);
+        let vectors = c / 8;
+        let mut kernels = vec!["vec".to_string(), "strip".to_string()];
+        if stride == 1 {
+            for cv in [8, 4, 2] {
+                if vectors % cv != 0 {
+                    continue;
+                }
+                for tw in [
+                    out.div_ceil(out.div_ceil(16)),
+                    out.div_ceil(out.div_ceil(28)),
+                    out.min(64),
+                ] {
+                    for th in [7, 14, 28] {
+                        let k = format!("{cv}x{tw}x{th}");
+                        if th <= out && !kernels.contains(&k) {
+                            kernels.push(k);
+                        }
+                    }
+                }
+            }
+        }
+        for k in &kernels {
+            if let Some(us) = time(Some(k)) {
+                println!("DWTILE {name} {k} {us:.1}");
+                if us < best.1 {
+                    best = (k.clone(), us);
+                }
+            }
+        }
+        std::env::remove_var(VAR);
+        println!(
+            "DWBEST {name} heuristic {default:.1} best {} {:.1}",
+            best.0, best.1
+        );
+    }
 }
 
 #[test]

@@ -294,6 +294,56 @@ pub struct ConvDepthwiseParams {
     pub items: PoolItems,
 }
 
+/// Parameters of `conv_fwd_depthwise_tile3_<f16|bf16>`: channels-last, a packed 3x3
+/// filter (depth 1) at stride 1 and dilation 1 along both inner spatial dims. Block `b`
+/// (a 1-D grid of `planes * channel_tiles * row_tiles * col_tiles` blocks, column tiles
+/// fastest, then row tiles, channel tiles and planes `n * p0`) computes `tile_h` output
+/// rows by `tile_w` output columns of `channel_vectors` 16-byte channel vectors: it walks
+/// down the `tile_h + 2` input rows its outputs read, staging each (`tile_w + 2` columns
+/// of the block's channel vectors, zero outside x) in a ring of [`DW_TILE_SLOTS`]
+/// shared-memory rows by `cp.async`, [`DW_TILE_AHEAD`] rows ahead. Thread `t` owns
+/// channel vector `t % channel_vectors` of column `t / channel_vectors`: per input row it
+/// reads its 3 input vectors from shared memory and adds them into the three output rows
+/// they reach (rows `r`, `r - 1`, `r - 2` at filter rows 0, 1, 2), storing the row that
+/// completes. The block has at least `channel_vectors * tile_w` threads, and at least
+/// half the `channel_vectors * (tile_w + 2)` staged chunks of a row
+/// ([`dw_tile_threads`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ConvDepthwiseTileParams {
+    pub geo: ConvGeometry,
+    pub ops: EpilogueOps,
+    /// 16-byte channel vectors per block (divides the channel vectors of `k`).
+    pub channel_vectors: u32,
+    /// Output columns per block.
+    pub tile_w: u32,
+    /// Output rows per block.
+    pub tile_h: u32,
+    /// `ceil(output[2] / tile_w)`.
+    pub col_tiles: u32,
+    /// `ceil(output[1] / tile_h)`.
+    pub row_tiles: u32,
+    /// `k / (channel_vectors * 16 / size)`.
+    pub channel_tiles: u32,
+}
+
+/// Shared-memory rows in the `tile3` depthwise kernel's ring (at least
+/// [`DW_TILE_AHEAD`] + 2: a row is overwritten only after every thread has used it).
+pub const DW_TILE_SLOTS: u32 = 8;
+/// Input rows the `tile3` depthwise kernel stages ahead of the row it computes.
+pub const DW_TILE_AHEAD: u32 = 6;
+
+/// Threads per block of the `tile3` depthwise kernel for `channel_vectors` by `tile_w`
+/// outputs: one per output vector of a row, in whole warps.
+pub const fn dw_tile_threads(channel_vectors: u32, tile_w: u32) -> u32 {
+    (channel_vectors * tile_w).div_ceil(32) * 32
+}
+
+/// Dynamic shared bytes of the `tile3` depthwise kernel: the ring of staged rows.
+pub const fn dw_tile_shared_bytes(channel_vectors: u32, tile_w: u32) -> u32 {
+    DW_TILE_SLOTS * (tile_w + 2) * channel_vectors * 16
+}
+
 /// Consecutive output columns one `rows` depthwise thread computes.
 pub const DW_COLS: u32 = 4;
 /// Consecutive output pixels one `vec` depthwise thread computes.

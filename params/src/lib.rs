@@ -26,10 +26,11 @@ pub use batch_norm::{
 };
 pub use convolution::{
     conv_igemm_table_bytes, conv_tma_blocks_per_sm, conv_wgmma_shared_bytes, conv_wgmma_stages,
-    ConvDepthwiseParams, ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams,
-    ConvPadChannelsParams, ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS,
-    CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS, CONV_PAD_CHANNELS_THREADS,
-    CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP, DW_STRIP_THREADS, DW_THREADS,
+    dw_tile_shared_bytes, dw_tile_threads, ConvDepthwiseParams, ConvDepthwiseTileParams,
+    ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams, ConvPadChannelsParams,
+    ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS,
+    CONV_IGEMM_REDUCE_THREADS, CONV_PAD_CHANNELS_THREADS, CONV_WINOGRAD_THREADS, DW_COLS,
+    DW_PIXELS, DW_STRIP, DW_STRIP_THREADS, DW_THREADS, DW_TILE_AHEAD, DW_TILE_SLOTS,
 };
 pub use divisor::FastDivisor;
 pub use dropout::{
