@@ -471,7 +471,8 @@ fn choose(p: &Problem, gpu: &Gpu, loader: Loader) -> Result<(Tile, &'static str)
     let (m, k_tiles) = gemm_extents(p, loader);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
-    let tma = gpu.is_sm90a() && tma_declines(p).is_none();
+    // The TMA tiles copy x and the filter where they lie (not the packed or gathered ones).
+    let tma = loader == Loader::Copy && gpu.is_sm90a() && tma_declines(p).is_none();
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
         .filter(|t| t.loader == loader)
