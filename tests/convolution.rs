@@ -258,6 +258,48 @@ impl Inputs {
     }
 }
 
+/// y of `case` by the direct algorithm on `h` (the reference for problems too large for
+/// the f64 CPU reference), with the case's epilogue.
+fn direct_on_gpu(h: &Handle, case: &Case, inputs: &Inputs) -> HostTensor {
+    let xb = h.upload_tensor(&inputs.x).unwrap();
+    let wb = h.upload_tensor(&inputs.w).unwrap();
+    let mut yb = h.upload_tensor(&inputs.y0).unwrap();
+    let bias = inputs
+        .bias
+        .as_ref()
+        .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
+    let z = inputs
+        .z
+        .as_ref()
+        .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
+    let epilogue = ConvEpilogue {
+        activation: case.activation,
+        bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
+        residual: z.as_ref().map(|(desc, data)| Residual {
+            scale: 0.75,
+            desc,
+            data,
+        }),
+    };
+    convolution_forward_with(
+        h,
+        case.alpha,
+        &case.x,
+        &xb,
+        &case.w,
+        &wb,
+        &case.conv,
+        ConvFwdAlgo::Direct,
+        None,
+        case.beta,
+        &case.y,
+        &mut yb,
+        &epilogue,
+    )
+    .unwrap();
+    h.download_tensor(&case.y, &yb).unwrap()
+}
+
 /// Runs `algo` on `h` and checks y against `want` within `tol` (gaps untouched).
 fn run_and_check(
     h: &Handle,
@@ -2208,45 +2250,7 @@ fn implicit_gemm_tensor_op_matches_direct_on_large_problems() {
             for (i, shape) in cases.iter().enumerate() {
                 let case = shape.case();
                 let inputs = Inputs::draw(&case, false, &mut rng(100 + i as u64));
-                let direct = {
-                    let xb = h.upload_tensor(&inputs.x).unwrap();
-                    let wb = h.upload_tensor(&inputs.w).unwrap();
-                    let mut yb = h.upload_tensor(&inputs.y0).unwrap();
-                    let bias = inputs
-                        .bias
-                        .as_ref()
-                        .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
-                    let z = inputs
-                        .z
-                        .as_ref()
-                        .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
-                    let epilogue = ConvEpilogue {
-                        activation: case.activation,
-                        bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
-                        residual: z.as_ref().map(|(desc, data)| Residual {
-                            scale: 0.75,
-                            desc,
-                            data,
-                        }),
-                    };
-                    convolution_forward_with(
-                        h,
-                        case.alpha,
-                        &case.x,
-                        &xb,
-                        &case.w,
-                        &wb,
-                        &case.conv,
-                        ConvFwdAlgo::Direct,
-                        None,
-                        case.beta,
-                        &case.y,
-                        &mut yb,
-                        &epilogue,
-                    )
-                    .unwrap();
-                    h.download_tensor(&case.y, &yb).unwrap()
-                };
+                let direct = direct_on_gpu(h, &case, &inputs);
                 let tol = bound(case.dtype) * 2.0;
                 let tol = if case.dtype == F32 { 2e-3 } else { tol };
                 run_and_check(
@@ -2826,43 +2830,7 @@ fn implicit_gemm_tensor_op_pads_resnet_conv1_like_direct() {
                 }
                 .case();
                 let inputs = Inputs::draw(&case, false, &mut rng(600 + i as u64));
-                let xb = h.upload_tensor(&inputs.x).unwrap();
-                let wb = h.upload_tensor(&inputs.w).unwrap();
-                let mut yb = h.upload_tensor(&inputs.y0).unwrap();
-                let bias = inputs
-                    .bias
-                    .as_ref()
-                    .map(|b| (b.desc, h.upload_tensor(b).unwrap()));
-                let z = inputs
-                    .z
-                    .as_ref()
-                    .map(|z| (z.desc, h.upload_tensor(z).unwrap()));
-                let epilogue = ConvEpilogue {
-                    activation: case.activation,
-                    bias: bias.as_ref().map(|(desc, data)| ConvBias { desc, data }),
-                    residual: z.as_ref().map(|(desc, data)| Residual {
-                        scale: 0.75,
-                        desc,
-                        data,
-                    }),
-                };
-                convolution_forward_with(
-                    h,
-                    case.alpha,
-                    &case.x,
-                    &xb,
-                    &case.w,
-                    &wb,
-                    &case.conv,
-                    ConvFwdAlgo::Direct,
-                    None,
-                    case.beta,
-                    &case.y,
-                    &mut yb,
-                    &epilogue,
-                )
-                .unwrap();
-                let direct = h.download_tensor(&case.y, &yb).unwrap();
+                let direct = direct_on_gpu(h, &case, &inputs);
                 let tol = if dtype == F32 {
                     2e-3
                 } else {
