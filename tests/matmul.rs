@@ -488,27 +488,33 @@ fn wgmma_exact_on_integers_at_aligned_edges() {
     });
 }
 
+/// An f16 -> f32 tensor-core matmul of 3 x 2 x 5 in 70000 batches, past the grid's
+/// 65535 rows.
+fn many_batches() -> Case {
+    Case {
+        input: DataType::F16,
+        output: DataType::F32,
+        math: MatmulMath::TensorOp,
+        algo: None,
+        m: 3,
+        n: 2,
+        k: 5,
+        batch: Some(70_000),
+        broadcast: (false, false),
+        col_major: (false, false, false),
+        pads: (0, 0, 0),
+        alpha: 1.0,
+        beta: 0.0,
+        activation: ActivationDescriptor::identity(),
+        bias: BiasMode::None,
+        residual: None,
+    }
+}
+
 #[test]
 fn batches_beyond_the_grid_limit_are_all_computed() {
     with_gpu("batches_beyond_the_grid_limit", |h| {
-        let c = Case {
-            input: DataType::F16,
-            output: DataType::F32,
-            math: MatmulMath::TensorOp,
-            algo: None,
-            m: 3,
-            n: 2,
-            k: 5,
-            batch: Some(70_000),
-            broadcast: (false, false),
-            col_major: (false, false, false),
-            pads: (0, 0, 0),
-            alpha: 1.0,
-            beta: 0.0,
-            activation: ActivationDescriptor::identity(),
-            bias: BiasMode::None,
-            residual: None,
-        };
+        let c = many_batches();
         let mut r = rng(3);
         let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
         run(h, &c, &mut p).unwrap();
@@ -522,22 +528,11 @@ fn batches_beyond_the_grid_limit_are_all_computed() {
 fn tma_tiles_decline_batches_beyond_the_grid() {
     with_gpu("tma_tiles_decline_batches_beyond_the_grid", |h| {
         let c = Case {
-            input: DataType::F16,
-            output: DataType::F32,
-            math: MatmulMath::TensorOp,
             algo: Some(MatmulAlgo::WgmmaTma128x64),
             m: 8,
             n: 8,
             k: 8,
-            batch: Some(70_000),
-            broadcast: (false, false),
-            col_major: (false, false, false),
-            pads: (0, 0, 0),
-            alpha: 1.0,
-            beta: 0.0,
-            activation: ActivationDescriptor::identity(),
-            bias: BiasMode::None,
-            residual: None,
+            ..many_batches()
         };
         let mut r = rng(4);
         let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));

@@ -471,15 +471,16 @@ fn choose(p: &Problem, gpu: &Gpu, loader: Loader) -> Result<(Tile, &'static str)
     let (m, k_tiles) = gemm_extents(p, loader);
     let k = k_tiles * bk(p.dtype) as u64;
     let sms = gpu.sm_count as u64;
-    // The TMA tiles copy x and the filter where they lie (not the packed or gathered ones).
-    let tma = loader == Loader::Copy && gpu.is_sm90a() && tma_declines(p).is_none();
+    let tma_accepts = gpu.is_sm90a() && tma_declines(p).is_none();
     let available: Vec<(Tile, &'static str)> = TILES
         .into_iter()
         .filter(|t| t.loader == loader)
         .filter(|t| !t.wgmma || gpu.is_sm90a())
-        .filter(|t| !t.tma || tma)
+        .filter(|t| !t.tma || tma_accepts)
         .filter_map(|t| t.kernel(p.dtype).map(|name| (t, name)))
         .collect();
+    // The `wgmma` tiles of one kind compete: the TMA ones where any runs the problem.
+    let tma = available.iter().any(|(t, _)| t.tma);
     if let Ok(forced) = std::env::var("OXIDNN_CONV_IGEMM_TILE") {
         return available
             .iter()
