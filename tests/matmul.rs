@@ -416,6 +416,52 @@ fn exact_on_integers_across_tile_edges_for_every_algorithm_and_copy_path() {
     });
 }
 
+/// The exact-f32 kernels' 16-byte copies (operands M/N-contiguous with 16-byte aligned
+/// strides: A column-major, B row-major, leading dims padded to multiples of 4) at ragged
+/// edges: operand rows that end inside a 4-element chunk, K not a multiple of the K tile,
+/// fewer K tiles than stages, on both tiles that take them; and the same shapes with
+/// word copies (A row-major) beside them.
+#[test]
+fn exact_f32_chunk_copies_at_ragged_edges() {
+    with_gpu("exact_f32_chunk_copies", |h| {
+        let mut r = rng(23);
+        let shapes = [
+            (131, 258, 45, 1, 2),
+            (250, 130, 300, 2, 2),
+            (5, 7, 1029, 3, 1),
+            (129, 513, 64, 3, 3),
+            (260, 260, 3, 0, 0),
+        ];
+        for algo in [MatmulAlgo::Tile128x256, MatmulAlgo::Tile128x128] {
+            for &(m, n, k, pa, pb) in &shapes {
+                for a_col_major in [true, false] {
+                    let c = Case {
+                        input: DataType::F32,
+                        output: DataType::F32,
+                        math: MatmulMath::Fma,
+                        algo: Some(algo),
+                        m,
+                        n,
+                        k,
+                        // A padded batch stride is not aligned (see `matrix`).
+                        batch: (pa == 0 && pb == 0).then_some(2),
+                        broadcast: (false, false),
+                        col_major: (a_col_major, false, false),
+                        pads: (if a_col_major { pa } else { 0 }, pb, 0),
+                        alpha: 1.0,
+                        beta: 0.0,
+                        activation: ActivationDescriptor::identity(),
+                        bias: BiasMode::None,
+                        residual: None,
+                    };
+                    let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
+                    run_and_check(h, &c, &mut p, 0.0);
+                }
+            }
+        }
+    });
+}
+
 /// The `wgmma` algorithms on layouts they take (16-byte aligned strides) at sizes that
 /// cross their 128-row, 128/256-column and 64-K edges, K = 1 and 2, all four
 /// K-/MN-major operand combinations, batches with a broadcast operand, and the epilogue
@@ -1046,9 +1092,10 @@ fn heuristic_keeps_exact_f32_short_k_on_the_big_tile() {
     let desc = |dims: &[usize]| TensorDescriptor::packed(DataType::F32, dims).unwrap();
     let h = Handle::cpu();
     for ((m, n, k), want) in [
-        ((4096, 4096, 16), MatmulAlgo::Tile128x256),
-        ((4096, 4096, 128), MatmulAlgo::Tile128x256),
-        ((4096, 4096, 4096), MatmulAlgo::Tile128x256),
+        ((4096, 4096, 16), MatmulAlgo::Tile128x128),
+        ((4096, 4096, 128), MatmulAlgo::Tile128x128),
+        ((4096, 4096, 4096), MatmulAlgo::Tile128x128),
+        ((2048, 2048, 2048), MatmulAlgo::Tile128x128),
         ((2048, 16, 512), MatmulAlgo::Tile64x64),
         ((1024, 1024, 1024), MatmulAlgo::Tile64x64),
     ] {

@@ -149,6 +149,24 @@ pub trait TileLoader {
     /// `dst` is a stage of the block's shared memory that no thread reads until the
     /// caller's wait and barrier.
     unsafe fn load(&self, dst: u32, kt: u32);
+
+    /// K tiles, from the first on, whose every element lies inside the operand, so that
+    /// [`Self::load_inside`] may copy them (the exact-f32 core, [`fma_tile_async`], then
+    /// runs a branch-free loop). None by default.
+    #[inline(always)]
+    fn inside_tiles(&self) -> u32 {
+        0
+    }
+
+    /// [`Self::load`] of a tile `kt < inside_tiles()`: without bounds checks where the
+    /// loader has them. By default, `load`.
+    ///
+    /// # Safety
+    /// As [`Self::load`], and `kt < self.inside_tiles()`.
+    #[inline(always)]
+    unsafe fn load_inside(&self, dst: u32, kt: u32) {
+        self.load(dst, kt)
+    }
 }
 
 /// Receives the finished accumulators.
@@ -671,8 +689,7 @@ unsafe fn fma_fragment<const R: usize>(row: u32, first: u32, group: u32) -> [f32
 /// A x B^T` by FMA, then `ep`. The loaders fill `[k][mn]` stages (rows of `BM + 4` /
 /// `BN + 4` floats, K tiles of [`FMA_BK`]) with `cp.async`s that this core commits, one
 /// group per K tile, in a `STAGES`-deep ring: tiles `kt + 1 .. kt + STAGES - 1` are in
-/// flight while tile `kt` is multiplied, and one barrier per K tile both publishes the
-/// next tile and frees the one just read.
+/// flight while tile `kt` is multiplied.
 ///
 /// Each thread owns `TM x TN` outputs (multiples of 4) in groups of 4 rows and 4 columns.
 /// Warps tile the block with `(LM * TM) x (LN * TN)` warp tiles (`LM` =
@@ -680,8 +697,16 @@ unsafe fn fma_fragment<const R: usize>(row: u32, first: u32, group: u32) -> [f32
 /// row group of its warp tile (groups `4 * LM` rows apart) and likewise 4 columns per
 /// column group. So every fragment load is a 16-byte `ld.shared.v4` and a warp's loads of
 /// one group read `LM` (or `LN`) consecutive 16-byte chunks: one wavefront, no bank
-/// conflicts (8 x 16 per thread: 6 loads per 128 FMAs). The fragments of step `kk + 1`
-/// are loaded before the FMAs of step `kk`. Block threads: `BM * BN / (TM * TN)`.
+/// conflicts (8 x 16 per thread: 6 loads per 128 FMAs). Block threads: `BM * BN / (TM * TN)`.
+///
+/// Schedule (as CUTLASS's multistage SIMT loop): the fragments of step `kk + 1` are loaded
+/// before the FMAs of step `kk`; the one barrier per K tile comes before its last step's
+/// FMAs, right after the last fragment loads from its stage, and is followed by the loads
+/// of the next tile's first fragments, so that barrier and load latency hide under 128
+/// FMAs per thread. Tile `kt + STAGES - 1`'s copies are issued after the first step's
+/// fragment loads; while they stay inside both operands ([`TileLoader::inside_tiles`])
+/// the loop runs a copy of its body with [`TileLoader::load_inside`] (no bounds checks,
+/// no branches: the scheduler interleaves the copies' address arithmetic with FMAs).
 ///
 /// # Safety
 /// As [`mma_tile`]; every thread of the block calls it; the loaders' `load` only issues
@@ -709,7 +734,7 @@ pub unsafe fn fma_tile_async<
     col0: u32,
 ) {
     const {
-        assert!(TM % 4 == 0 && TN % 4 == 0 && STAGES >= 2);
+        assert!(TM % 4 == 0 && TN % 4 == 0 && STAGES >= 2 && FMA_BK >= 2);
         assert!(!LA::K_MAJOR && !LB::K_MAJOR);
         let lanes_m = fma_lanes_m(TM as u32, TN as u32);
         assert!(BM % (lanes_m * TM as u32) == 0 && BN % ((32 / lanes_m) * TN as u32) == 0);
@@ -727,15 +752,25 @@ pub unsafe fn fma_tile_async<
 
     let a_bytes = FMA_BK * (BM + 4) * 4;
     let b_bytes = FMA_BK * (BN + 4) * 4;
-    let a_stage = |s: u32| smem + s * a_bytes;
-    let b_stage = |s: u32| smem + STAGES * a_bytes + s * b_bytes;
+    let stages = FmaStages {
+        a: smem,
+        b: smem + STAGES * a_bytes,
+        a_bytes,
+        b_bytes,
+        a_step: (BM + 4) * 4,
+        b_step: (BN + 4) * 4,
+        row,
+        col,
+        a_group: 4 * lanes_m,
+        b_group: 4 * lanes_n,
+    };
     let k_tiles = k.div_ceil(FMA_BK);
 
     unrolled!(s in (STAGES - 1) as usize => {
         let s = s as u32;
         if s < k_tiles {
-            la.load(a_stage(s), s);
-            lb.load(b_stage(s), s);
+            la.load(stages.a + s * a_bytes, s);
+            lb.load(stages.b + s * b_bytes, s);
         }
         cp_async_commit();
     });
@@ -743,47 +778,34 @@ pub unsafe fn fma_tile_async<
     sync_threads();
 
     let mut acc = [[0f32; TN]; TM];
-    // Ring positions: the stage multiplied now, and the one the copies go to.
-    let (mut read, mut write) = (0, STAGES - 1);
-    for kt in 0..k_tiles {
-        // The stage `write` was read in the previous iteration, before its barrier.
-        let ahead = kt + STAGES - 1;
-        if ahead < k_tiles {
-            la.load(a_stage(write), ahead);
-            lb.load(b_stage(write), ahead);
-        }
-        cp_async_commit();
-
-        let (at, bt) = (a_stage(read), b_stage(read));
-        let a_step = (BM + 4) * 4;
-        let b_step = (BN + 4) * 4;
-        let mut fa = [[0f32; TM]; 2];
-        let mut fb = [[0f32; TN]; 2];
-        fa[0] = fma_fragment::<TM>(at, row, 4 * lanes_m);
-        fb[0] = fma_fragment::<TN>(bt, col, 4 * lanes_n);
-        unrolled!(kk in FMA_BK as usize => {
-            if kk + 1 < FMA_BK as usize {
-                let next = (kk + 1) as u32;
-                fa[(kk + 1) % 2] = fma_fragment::<TM>(at + next * a_step, row, 4 * lanes_m);
-                fb[(kk + 1) % 2] = fma_fragment::<TN>(bt + next * b_step, col, 4 * lanes_n);
-            }
-            let (a, b) = (&fa[kk % 2], &fb[kk % 2]);
-            unrolled!(i in TM => {
-                unrolled!(j in TN => {
-                    acc[i][j] = crate::device::fma(a[i], b[j], acc[i][j]);
-                });
-            });
+    let mut frags = ([[0f32; TM]; 2], [[0f32; TN]; 2]);
+    (frags.0[0], frags.1[0]) = stages.fragments::<TM, TN>(0, 0);
+    // Ring positions: the stage multiplied now, and the one the copies go to (read in
+    // the previous iteration, before its barrier).
+    let mut ring = (0, STAGES - 1);
+    // Iterations whose copies (tile kt + STAGES - 1) lie inside both operands.
+    let inside = la.inside_tiles().min(lb.inside_tiles()).min(k_tiles);
+    let fast = inside.saturating_sub(STAGES - 1);
+    for kt in 0..fast {
+        fma_k_tile::<TM, TN, STAGES, _>(&stages, &mut acc, &mut frags, &mut ring, |a, b| {
+            let ahead = kt + STAGES - 1;
+            la.load_inside(a, ahead);
+            lb.load_inside(b, ahead);
         });
-
-        // Tile kt + 1 has landed (only the newest STAGES - 2 groups may be pending); the
-        // barrier publishes every thread's copies and frees stage `read`.
-        cp_async_wait(STAGES - 2);
-        sync_threads();
-        read = if read + 1 == STAGES { 0 } else { read + 1 };
-        write = if write + 1 == STAGES { 0 } else { write + 1 };
     }
-    // Groups still pending are empty (no tile past the last is copied): the stages are
-    // free after the loop's last barrier. Stage the tile, then drain it row by row.
+    for kt in fast..k_tiles {
+        fma_k_tile::<TM, TN, STAGES, _>(&stages, &mut acc, &mut frags, &mut ring, |a, b| {
+            let ahead = kt + STAGES - 1;
+            if ahead < k_tiles {
+                la.load(a, ahead);
+                lb.load(b, ahead);
+            }
+        });
+    }
+    // Groups still pending are empty (no tile past the last is copied), and every thread
+    // passed the last barrier after its last read of a real tile: the stages are free
+    // (the loads of a next tile's first fragments that follow that barrier read stage
+    // memory whose values are never used). Stage the tile, then drain it row by row.
     cp_async_wait(0);
     let stride = BN + 4;
     unrolled!(i in TM => {
@@ -796,6 +818,80 @@ pub unsafe fn fma_tile_async<
     });
     sync_threads();
     drain(smem, stride, ep, (row0, col0), (BM, BN), tid, threads);
+}
+
+/// Where [`fma_tile_async`]'s stages lie and which fragments this thread reads from them.
+struct FmaStages {
+    /// Shared addresses of stage 0 of A and of B; bytes per stage.
+    a: u32,
+    b: u32,
+    a_bytes: u32,
+    b_bytes: u32,
+    /// Bytes from one k row of a stage to the next.
+    a_step: u32,
+    b_step: u32,
+    /// This thread's first row / column, and the distance between its groups of 4.
+    row: u32,
+    col: u32,
+    a_group: u32,
+    b_group: u32,
+}
+
+impl FmaStages {
+    /// This thread's A and B fragments at step `kk` of stage `stage`.
+    #[inline(always)]
+    unsafe fn fragments<const TM: usize, const TN: usize>(
+        &self,
+        stage: u32,
+        kk: u32,
+    ) -> ([f32; TM], [f32; TN]) {
+        let a = self.a + stage * self.a_bytes + kk * self.a_step;
+        let b = self.b + stage * self.b_bytes + kk * self.b_step;
+        (
+            fma_fragment::<TM>(a, self.row, self.a_group),
+            fma_fragment::<TN>(b, self.col, self.b_group),
+        )
+    }
+}
+
+/// One K tile of [`fma_tile_async`]: the FMAs of stage `ring.0` (whose first fragments are
+/// in `frags.*[0]`), `copy(a_stage, b_stage)` issuing the copies into stage `ring.1` (then
+/// committed), the barrier before the last step, and the next stage's first fragments.
+#[inline(always)]
+unsafe fn fma_k_tile<const TM: usize, const TN: usize, const STAGES: u32, C: Fn(u32, u32)>(
+    st: &FmaStages,
+    acc: &mut [[f32; TN]; TM],
+    frags: &mut ([[f32; TM]; 2], [[f32; TN]; 2]),
+    ring: &mut (u32, u32),
+    copy: C,
+) {
+    let (read, write) = *ring;
+    unrolled!(kk in FMA_BK as usize => {
+        let next = (kk + 1) % 2;
+        if kk + 1 < FMA_BK as usize {
+            (frags.0[next], frags.1[next]) = st.fragments::<TM, TN>(read, (kk + 1) as u32);
+        } else {
+            // Every fragment of this stage is loaded. Tile kt + 1 has landed (only the
+            // newest STAGES - 2 groups may be pending); the barrier publishes every
+            // thread's copies and frees stage `read` for the next iteration's copies.
+            cp_async_wait(STAGES - 2);
+            sync_threads();
+            let r = if read + 1 == STAGES { 0 } else { read + 1 };
+            let w = if write + 1 == STAGES { 0 } else { write + 1 };
+            *ring = (r, w);
+            (frags.0[next], frags.1[next]) = st.fragments::<TM, TN>(r, 0);
+        }
+        if kk == 0 {
+            copy(st.a + write * st.a_bytes, st.b + write * st.b_bytes);
+            cp_async_commit();
+        }
+        let (a, b) = (&frags.0[kk % 2], &frags.1[kk % 2]);
+        unrolled!(i in TM => {
+            unrolled!(j in TN => {
+                acc[i][j] = crate::device::fma(a[i], b[j], acc[i][j]);
+            });
+        });
+    });
 }
 
 /// Shared bytes [`fma_tile`] stages its `bm x bn` result in (rows padded by 4 floats).

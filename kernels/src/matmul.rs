@@ -6,7 +6,9 @@
 //!   say how each operand is copied: `k` = K contiguous (`cp.async` into a K-major tile),
 //!   `n` = M or N contiguous (MN-major tile), `gg` = any strides or alignment (element
 //!   gathers).
-//! * `matmul_fma_<BMxBN>_f32`: exact f32 on CUDA cores ([`fma_tile_async`]), any strides.
+//! * `matmul_fma_<BMxBN>_<a><b>_f32`: exact f32 on CUDA cores ([`fma_tile_async`]), any
+//!   strides; per operand `s` (word copies, [`StridedCopy`]) or `n` (16-byte copies of an
+//!   M/N-contiguous aligned operand, [`ChunkCopy`]).
 //! * `wgmma_matmul_128x<BN>_<la><lb>_<f16|bf16>` (the `sm90a` build: family `wgmma`, a
 //!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
@@ -328,6 +330,103 @@ impl<const ROWS: u32, const THREADS: u32> TileLoader for StridedCopy<ROWS, THREA
         } else {
             self.copy::<true>(dst, kt)
         }
+    }
+
+    #[inline(always)]
+    fn inside_tiles(&self) -> u32 {
+        if self.full_rows {
+            self.op.k / FMA_BK
+        } else {
+            0
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_inside(&self, dst: u32, kt: u32) {
+        self.copy::<false>(dst, kt)
+    }
+}
+
+/// [`StridedCopy`] for an operand whose MN elements are contiguous, with its K and batch
+/// strides and its address 16-byte aligned: 16-byte `cp.async`s of 4 consecutive MN
+/// elements at one k (a quarter of [`StridedCopy`]'s copies), zero-filled past the
+/// operand's rows and K. Threads run along MN, so a warp reads 512 contiguous bytes and
+/// writes 32 consecutive chunks of one shared row (4 wavefronts, no conflicts).
+pub struct ChunkCopy<const ROWS: u32, const THREADS: u32> {
+    op: Operand,
+    slots: Slots,
+    full_rows: bool,
+}
+
+impl<const ROWS: u32, const THREADS: u32> ChunkCopy<ROWS, THREADS> {
+    #[inline(always)]
+    fn new(op: Operand) -> Self {
+        const {
+            assert!(ROWS % 4 == 0 && THREADS % (ROWS / 4) == 0);
+            assert!((ROWS / 4 * FMA_BK) % THREADS == 0);
+        }
+        let slots = Slots::new(&op, true, ROWS, 4, THREADS, FMA_BK, 4);
+        let full_rows = op.rows >= ROWS;
+        Self {
+            op,
+            slots,
+            full_rows,
+        }
+    }
+
+    /// This thread's copies of K tile `kt` into `dst`; unless `CHECKED`, all inside the
+    /// operand.
+    #[inline(always)]
+    unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32) {
+        let tile = kt as u64 * self.slots.tile_step;
+        unrolled!(i in (ROWS / 4 * FMA_BK / THREADS) as usize => {
+            let i = i as u32;
+            let (p, mn, k) = self.slots.slot(i, kt, FMA_BK, tile);
+            let local_k = self.slots.k0 + i * self.slots.k_step;
+            // In the stage: local_k < FMA_BK and mn + 3 < ROWS by the slot layout; the
+            // chunk (mn a multiple of 4, rows of ROWS + 4 floats) is 16-byte aligned.
+            let at = dst + (local_k * (ROWS + 4) + mn) * 4;
+            if CHECKED {
+                let valid = if mn < self.op.rows && k < self.op.k {
+                    (self.op.rows - mn).min(4)
+                } else {
+                    0
+                };
+                // A chunk with nothing to read still needs a valid address.
+                let src = if valid > 0 { p } else { self.op.base };
+                cp_async_16(at, src, 4 * valid);
+            } else {
+                cp_async_16(at, p, 16);
+            }
+        });
+    }
+}
+
+impl<const ROWS: u32, const THREADS: u32> TileLoader for ChunkCopy<ROWS, THREADS> {
+    /// `[k][mn]`: MN contiguous in the stage.
+    const K_MAJOR: bool = false;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        if self.full_rows && (kt + 1) * FMA_BK <= self.op.k {
+            self.copy::<false>(dst, kt)
+        } else {
+            self.copy::<true>(dst, kt)
+        }
+    }
+
+    #[inline(always)]
+    fn inside_tiles(&self) -> u32 {
+        if self.full_rows {
+            self.op.k / FMA_BK
+        } else {
+            0
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_inside(&self, dst: u32, kt: u32) {
+        self.copy::<false>(dst, kt)
     }
 }
 
@@ -690,13 +789,20 @@ macro_rules! mma_kernels {
     };
 }
 
-/// Stamps out an exact-f32 entry point for a `BM x BN` tile ([`fma_tile_async`], thread
-/// tile [`fma_matmul_thread_tile`]).
+/// Stamps out the exact-f32 entry points `matmul_fma_<BM>x<BN>_<a><b>_f32` of a `BM x BN`
+/// tile ([`fma_tile_async`], thread tile [`fma_matmul_thread_tile`]), one per pair of
+/// operand copy modes: `s` ([`StridedCopy`], any strides) or `n` ([`ChunkCopy`]: MN
+/// contiguous, 16-byte aligned).
 macro_rules! fma_kernel {
-    ($bm:literal, $bn:literal) => {
+    ($bm:literal, $bn:literal, $($la:ident $lb:ident),+) => {
+        $(fma_kernel!(@one $bm, $bn, $la, $lb);)+
+    };
+    (@loader s, $rows:literal, $t:ident) => { StridedCopy::<$rows, $t> };
+    (@loader n, $rows:literal, $t:ident) => { ChunkCopy::<$rows, $t> };
+    (@one $bm:literal, $bn:literal, $la:ident, $lb:ident) => {
         paste::paste! {
             #[no_mangle]
-            pub unsafe extern "ptx-kernel" fn [<matmul_fma_ $bm x $bn _f32>](
+            pub unsafe extern "ptx-kernel" fn [<matmul_fma_ $bm x $bn _ $la $lb _f32>](
                 p: MatmulParams, a: *const u8, b: *const u8, d: *mut u8, bias: *const u8,
                 z: *const u8,
             ) {
@@ -705,8 +811,8 @@ macro_rules! fma_kernel {
                 let smem = dynamic_smem();
                 for_each_batch::<true>(&p, ($bm, $bn, 4), (a, b, d, bias, z), #[inline(always)] |a, b, ep, row0, col0| {
                     fma_tile_async::<$bm, $bn, { TILE.0 as usize }, { TILE.1 as usize }, FMA_STAGES, _, _, MatmulEpilogue<true>>(
-                        &StridedCopy::<$bm, T>::new(a),
-                        &StridedCopy::<$bn, T>::new(b),
+                        &<fma_kernel!(@loader $la, $bm, T)>::new(a),
+                        &<fma_kernel!(@loader $lb, $bn, T)>::new(b),
                         p.k,
                         smem,
                         ep,
@@ -734,9 +840,9 @@ mod sm80_kernels {
     mma_kernels!(matmul_mma_128x128, tf32, Tf32, 128, 128, 32, 2, 4, 4, 4, 4);
     mma_kernels!(matmul_mma_64x64, tf32, Tf32, 64, 64, 32, 2, 2, 4, 2, 4);
     mma_kernels!(matmul_mma_64x64s, tf32, Tf32, 64, 64, 32, 2, 2, 2, 2, 4);
-    fma_kernel!(128, 256);
-    fma_kernel!(128, 128);
-    fma_kernel!(64, 64);
+    fma_kernel!(128, 256, s s, s n, n s, n n);
+    fma_kernel!(128, 128, s s, s n, n s, n n);
+    fma_kernel!(64, 64, s s);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -705,8 +705,11 @@ impl Problem {
     /// 128x256's 128 blocks than on 128x128's 256, H100), or at least 8 blocks per SM when
     /// K < 256 (short K makes the epilogue's stores the main cost, and small tiles spread
     /// them wider: 4096x4096x{16,128} run 1.1-1.6x faster on 64x64's 4096 blocks than on
-    /// 128x128's 1024, H100; not for exact f32, whose pipelined 128 x 256 tile ran
-    /// 4096x4096x{16,128} 1.2x / 1.5x faster than 64 x 64); else the smallest.
+    /// 128x128's 1024, H100; not for exact f32, whose pipelined big tiles ran
+    /// 4096x4096x{16,128} 1.2x / 1.5x faster than 64 x 64); else the smallest. Exact f32
+    /// never takes 128 x 256 here: its 128 x 128 tile (two blocks per SM, whose barriers
+    /// do not stall each other) ran 1-2% faster on every square >= 2048 and LLM layer
+    /// (H100, `find`).
     ///
     /// On sm_90a the TMA `wgmma` tiles come first when K spans more than one 64-wide K
     /// tile: the widest whose blocks keep 3/4 of the SMs busy, among those not mostly past
@@ -753,6 +756,7 @@ impl Problem {
             .filter(|&a| self.check_algorithm(a, sm90a).is_ok())
             .filter(|a| !a.tma() && (!a.needs_sm90a() || self.k >= 256))
             .filter(|a| !a.short_k())
+            .filter(|&a| self.math != MatmulMath::Fma || a != MatmulAlgo::Tile128x256)
             .find(|&a| self.tiles(a) >= wanted)
             .unwrap_or(MatmulAlgo::Tile64x64)
     }
@@ -831,7 +835,16 @@ impl Problem {
         }
     }
 
-    fn kernel(&self, algo: MatmulAlgo) -> Result<&'static str> {
+    /// Whether the exact-f32 kernels copy this operand (at `ptr`) in 16-byte chunks of
+    /// MN-contiguous elements (mode `n`: MN stride 1 or a single row, K and batch strides
+    /// and the address 16-byte aligned) rather than word by word (mode `s`).
+    fn fma_chunk_copies(&self, l: &OperandLayout, extent: usize, ptr: u64) -> bool {
+        let aligned = |s: u64| s.is_multiple_of(4);
+        (extent == 1 || l.mn == 1) && aligned(l.k) && aligned(l.batch) && ptr.is_multiple_of(16)
+    }
+
+    /// The kernel of `algo` for this problem, whose operands A and B lie at `ptrs`.
+    fn kernel(&self, algo: MatmulAlgo, ptrs: (u64, u64)) -> Result<&'static str> {
         let (bm, bn) = algo.tile();
         let name = match self.math {
             _ if algo.needs_sm90a() => {
@@ -847,7 +860,17 @@ impl Problem {
                     format!("wgmma_matmul_{bm}x{bn}_{modes}_{dtype}")
                 }
             }
-            MatmulMath::Fma => format!("matmul_fma_{bm}x{bn}_f32"),
+            MatmulMath::Fma => {
+                let mode = |l: &OperandLayout, extent: usize, ptr: u64| {
+                    if bm >= 128 && self.fma_chunk_copies(l, extent, ptr) {
+                        'n'
+                    } else {
+                        's'
+                    }
+                };
+                let (la, lb) = (mode(&self.a, self.m, ptrs.0), mode(&self.b, self.n, ptrs.1));
+                format!("matmul_fma_{bm}x{bn}_{la}{lb}_f32")
+            }
             MatmulMath::Tf32 | MatmulMath::TensorOp => {
                 let dtype = match self.math {
                     MatmulMath::Tf32 => "tf32",
@@ -894,7 +917,7 @@ impl Problem {
                 BiasMode::None => BiasMode::None,
             };
         }
-        let kernel = p.kernel(algo)?;
+        let kernel = p.kernel(algo, (a, b))?;
         let (bm, bn) = algo.tile();
         let (tiles_m, tiles_n) = (p.m.div_ceil(bm), p.n.div_ceil(bn));
         if tiles_m * tiles_n > i32::MAX as usize {
