@@ -55,6 +55,35 @@ struct Case {
     residual: Option<f64>,
 }
 
+impl Case {
+    /// `m x n x k` on `input -> output` with `math` (and `algo`, if forced): one row-major
+    /// matrix per operand, no padding, `D = A B` with no epilogue.
+    fn plain(
+        (input, output, math): (DataType, DataType, MatmulMath),
+        algo: Option<MatmulAlgo>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Case {
+        Case {
+            input,
+            output,
+            math,
+            algo,
+            m,
+            n,
+            k,
+            batch: None,
+            broadcast: (false, false),
+            col_major: (false, false, false),
+            pads: (0, 0, 0),
+            alpha: 1.0,
+            beta: 0.0,
+            activation: ActivationDescriptor::identity(),
+            bias: BiasMode::None,
+            residual: None,
+        }
+    }
+}
+
 fn precision() -> impl Strategy<Value = (DataType, DataType, MatmulMath)> {
     prop_oneof![
         Just((DataType::F32, DataType::F32, MatmulMath::Fma)),
@@ -390,22 +419,11 @@ fn exact_on_integers_across_tile_edges_for_every_algorithm_and_copy_path() {
                     for layouts in 0..4u8 {
                         let pad = if i % 2 == 0 { 0 } else { 8 };
                         let c = Case {
-                            input,
-                            output: DataType::F32,
-                            math,
-                            algo: Some(algo),
-                            m,
-                            n,
-                            k,
                             batch: Some(2),
                             broadcast: (false, i == 1),
                             col_major: (layouts & 1 != 0, layouts & 2 != 0, i == 2),
                             pads: (pad + (i == 3) as usize, pad, 0),
-                            alpha: 1.0,
-                            beta: 0.0,
-                            activation: ActivationDescriptor::identity(),
-                            bias: BiasMode::None,
-                            residual: None,
+                            ..Case::plain((input, DataType::F32, math), Some(algo), (m, n, k))
                         };
                         let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
                         run_and_check(h, &c, &mut p, 0.0);
@@ -435,24 +453,13 @@ fn exact_f32_chunk_copies_at_ragged_edges() {
         for algo in [MatmulAlgo::Tile128x256, MatmulAlgo::Tile128x128] {
             for &(m, n, k, pa, pb) in &shapes {
                 for a_col_major in [true, false] {
+                    let exact_f32 = (DataType::F32, DataType::F32, MatmulMath::Fma);
                     let c = Case {
-                        input: DataType::F32,
-                        output: DataType::F32,
-                        math: MatmulMath::Fma,
-                        algo: Some(algo),
-                        m,
-                        n,
-                        k,
                         // A padded batch stride is not aligned (see `matrix`).
                         batch: (pa == 0 && pb == 0).then_some(2),
-                        broadcast: (false, false),
                         col_major: (a_col_major, false, false),
                         pads: (if a_col_major { pa } else { 0 }, pb, 0),
-                        alpha: 1.0,
-                        beta: 0.0,
-                        activation: ActivationDescriptor::identity(),
-                        bias: BiasMode::None,
-                        residual: None,
+                        ..Case::plain(exact_f32, Some(algo), (m, n, k))
                     };
                     let mut p = prepare(h, &c, &mut |d| integers(d, &mut r));
                     run_and_check(h, &c, &mut p, 0.0);
@@ -537,23 +544,10 @@ fn wgmma_exact_on_integers_at_aligned_edges() {
 /// An f16 -> f32 tensor-core matmul of 3 x 2 x 5 in 70000 batches, past the grid's
 /// 65535 rows.
 fn many_batches() -> Case {
+    let f16_to_f32 = (DataType::F16, DataType::F32, MatmulMath::TensorOp);
     Case {
-        input: DataType::F16,
-        output: DataType::F32,
-        math: MatmulMath::TensorOp,
-        algo: None,
-        m: 3,
-        n: 2,
-        k: 5,
         batch: Some(70_000),
-        broadcast: (false, false),
-        col_major: (false, false, false),
-        pads: (0, 0, 0),
-        alpha: 1.0,
-        beta: 0.0,
-        activation: ActivationDescriptor::identity(),
-        bias: BiasMode::None,
-        residual: None,
+        ..Case::plain(f16_to_f32, None, (3, 2, 5))
     }
 }
 
@@ -1084,18 +1078,20 @@ fn heuristic_takes_short_k_tiles_for_one_stage_of_k() {
     }
 }
 
-/// Exact f32 keeps its big pipelined tile at short K when the blocks still fill the GPU
-/// (4096x4096, K = 16 and 128: 128 x 256 ran 1.2x / 1.5x faster than 64 x 64, H100), and
-/// takes the small tile when no big one would (RNN gates, N = 16) or the problem is small.
+/// Exact f32 keeps its big pipelined tiles at short K when the blocks still fill the GPU
+/// (4096x4096, K = 16 and 128: 1.2x / 1.5x faster than 64 x 64, H100): 128 x 256 from
+/// K = 128 on (7-9% faster than 128 x 128 on squares >= 2048 and 4096x4096x{128,1024}),
+/// 128 x 128 below; it takes the small tile when no big one would fill the GPU (RNN
+/// gates, N = 16) or the problem is small.
 #[test]
 fn heuristic_keeps_exact_f32_short_k_on_the_big_tile() {
     let desc = |dims: &[usize]| TensorDescriptor::packed(DataType::F32, dims).unwrap();
     let h = Handle::cpu();
     for ((m, n, k), want) in [
         ((4096, 4096, 16), MatmulAlgo::Tile128x128),
-        ((4096, 4096, 128), MatmulAlgo::Tile128x128),
-        ((4096, 4096, 4096), MatmulAlgo::Tile128x128),
-        ((2048, 2048, 2048), MatmulAlgo::Tile128x128),
+        ((4096, 4096, 128), MatmulAlgo::Tile128x256),
+        ((4096, 4096, 4096), MatmulAlgo::Tile128x256),
+        ((2048, 2048, 2048), MatmulAlgo::Tile128x256),
         ((2048, 16, 512), MatmulAlgo::Tile64x64),
         ((1024, 1024, 1024), MatmulAlgo::Tile64x64),
     ] {
@@ -1118,24 +1114,7 @@ fn time_short_k() {
             (DataType::F32, MatmulMath::Tf32),
         ] {
             for k in [16, 128] {
-                let c = Case {
-                    input,
-                    output: input,
-                    math,
-                    algo: None,
-                    m: 4096,
-                    n: 4096,
-                    k,
-                    batch: None,
-                    broadcast: (false, false),
-                    col_major: (false, false, false),
-                    pads: (0, 0, 0),
-                    alpha: 1.0,
-                    beta: 0.0,
-                    activation: ActivationDescriptor::identity(),
-                    bias: BiasMode::None,
-                    residual: None,
-                };
+                let c = Case::plain((input, input, math), None, (4096, 4096, k));
                 let mut r = rng(5);
                 let mut p = prepare(h, &c, &mut |d| random(d, -1.0, 1.0, &mut r));
                 let desc = MatmulDescriptor::new(math);

@@ -353,6 +353,25 @@ pub fn block_reduce<T: Copy>(
 // Global memory
 // ---------------------------------------------------------------------------------------
 
+/// `p + bytes` as one `add.s64` that LLVM cannot see through. A chain of these stays a
+/// chain of integer additions: otherwise LLVM folds `p + i * step` into loop-invariant
+/// multiples of `step`, which ptxas, short of registers in an FFMA loop, recomputes inside
+/// it with `IMAD.WIDE` on the FMA pipe (H100, exact-f32 matmul: the largest source of
+/// dispatch and math-pipe stalls of its main loop).
+#[inline(always)]
+pub fn add_bytes(p: *const u8, bytes: u64) -> *const u8 {
+    let out: *const u8;
+    // SAFETY: integer arithmetic on the address; nothing is read or written.
+    unsafe {
+        asm!(
+            "add.s64 {o}, {p}, {b};",
+            o = out(reg64) out, p = in(reg64) p, b = in(reg64) bytes,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// Four 32-bit words = one 16-byte vector.
 pub type Vec16 = [u32; 4];
 

@@ -700,10 +700,10 @@ unsafe fn fma_fragment<const R: usize>(row: u32, first: u32, group: u32) -> [f32
 /// conflicts (8 x 16 per thread: 6 loads per 128 FMAs). Block threads: `BM * BN / (TM * TN)`.
 ///
 /// Schedule (as CUTLASS's multistage SIMT loop): the fragments of step `kk + 1` are loaded
-/// before the FMAs of step `kk`; the one barrier per K tile comes before its last step's
-/// FMAs, right after the last fragment loads from its stage, and is followed by the loads
-/// of the next tile's first fragments, so that barrier and load latency hide under 128
-/// FMAs per thread. Tile `kt + STAGES - 1`'s copies are issued after the first step's
+/// during the FMAs of step `kk`, spread over them ([`fma_k_tile`]); the one barrier per K
+/// tile comes before its last step's FMAs, after the last fragment loads from its stage,
+/// and is followed by the loads of the next tile's first fragments, so that barrier and
+/// load latency hide under 128 FMAs per thread. Tile `kt + STAGES - 1`'s copies are issued after the first step's
 /// fragment loads; while they stay inside both operands ([`TileLoader::inside_tiles`])
 /// the loop runs a copy of its body with [`TileLoader::load_inside`] (no bounds checks,
 /// no branches: the scheduler interleaves the copies' address arithmetic with FMAs).
@@ -845,18 +845,51 @@ impl FmaStages {
         stage: u32,
         kk: u32,
     ) -> ([f32; TM], [f32; TN]) {
-        let a = self.a + stage * self.a_bytes + kk * self.a_step;
-        let b = self.b + stage * self.b_bytes + kk * self.b_step;
+        let (a, b) = self.rows(stage, kk);
         (
             fma_fragment::<TM>(a, self.row, self.a_group),
             fma_fragment::<TN>(b, self.col, self.b_group),
         )
+    }
+
+    /// Shared addresses of the k row `kk` of stage `stage`, in A and in B.
+    #[inline(always)]
+    fn rows(&self, stage: u32, kk: u32) -> (u32, u32) {
+        (
+            self.a + stage * self.a_bytes + kk * self.a_step,
+            self.b + stage * self.b_bytes + kk * self.b_step,
+        )
+    }
+
+    /// Loads group `g` of 4 fragment values at the k rows `rows` (A's `TM / 4` groups,
+    /// then B's `TN / 4`) into `frags`: one 16-byte shared load.
+    #[inline(always)]
+    unsafe fn load_group<const TM: usize, const TN: usize>(
+        &self,
+        rows: (u32, u32),
+        g: usize,
+        frags: (&mut [f32; TM], &mut [f32; TN]),
+    ) {
+        if g < TM / 4 {
+            let v = ld_run::<4>(rows.0 + (self.row + g as u32 * self.a_group) * 4);
+            unrolled!(j in 4 => frags.0[4 * g + j] = v[j]);
+        } else {
+            let g = g - TM / 4;
+            let v = ld_run::<4>(rows.1 + (self.col + g as u32 * self.b_group) * 4);
+            unrolled!(j in 4 => frags.1[4 * g + j] = v[j]);
+        }
     }
 }
 
 /// One K tile of [`fma_tile_async`]: the FMAs of stage `ring.0` (whose first fragments are
 /// in `frags.*[0]`), `copy(a_stage, b_stage)` issuing the copies into stage `ring.1` (then
 /// committed), the barrier before the last step, and the next stage's first fragments.
+///
+/// The next step's `(TM + TN) / 4` fragment groups are loaded spread over the rows of
+/// this step's FMAs (one 16-byte load before each of the first rows), not all at once: a
+/// burst of `ld.shared.v4`s (B's take 4 wavefronts each) held the FMAs behind it in
+/// dispatch (H100, ncu: dispatch stalls were the exact-f32 loop's largest loss against
+/// cuBLAS, whose loop spaces its shared loads 8-17 FFMAs apart).
 #[inline(always)]
 unsafe fn fma_k_tile<const TM: usize, const TN: usize, const STAGES: u32, C: Fn(u32, u32)>(
     st: &FmaStages,
@@ -867,9 +900,9 @@ unsafe fn fma_k_tile<const TM: usize, const TN: usize, const STAGES: u32, C: Fn(
 ) {
     let (read, write) = *ring;
     unrolled!(kk in FMA_BK as usize => {
-        let next = (kk + 1) % 2;
-        if kk + 1 < FMA_BK as usize {
-            (frags.0[next], frags.1[next]) = st.fragments::<TM, TN>(read, (kk + 1) as u32);
+        let (cur, next) = (kk % 2, (kk + 1) % 2);
+        let rows = if kk + 1 < FMA_BK as usize {
+            st.rows(read, (kk + 1) as u32)
         } else {
             // Every fragment of this stage is loaded. Tile kt + 1 has landed (only the
             // newest STAGES - 2 groups may be pending); the barrier publishes every
@@ -879,14 +912,22 @@ unsafe fn fma_k_tile<const TM: usize, const TN: usize, const STAGES: u32, C: Fn(
             let r = if read + 1 == STAGES { 0 } else { read + 1 };
             let w = if write + 1 == STAGES { 0 } else { write + 1 };
             *ring = (r, w);
-            (frags.0[next], frags.1[next]) = st.fragments::<TM, TN>(r, 0);
-        }
+            st.rows(r, 0)
+        };
         if kk == 0 {
             copy(st.a + write * st.a_bytes, st.b + write * st.b_bytes);
             cp_async_commit();
         }
-        let (a, b) = (&frags.0[kk % 2], &frags.1[kk % 2]);
+        let (a, b) = (frags.0[cur], frags.1[cur]);
         unrolled!(i in TM => {
+            // Group g before row g (or, with more groups than rows, g * TM / groups).
+            let groups = (TM + TN) / 4;
+            unrolled!(g in groups => {
+                if (if groups <= TM { g } else { g * TM / groups }) == i {
+                    let (fa, fb) = (&mut frags.0[next], &mut frags.1[next]);
+                    st.load_group::<TM, TN>(rows, g, (fa, fb));
+                }
+            });
             unrolled!(j in TN => {
                 acc[i][j] = crate::device::fma(a[i], b[j], acc[i][j]);
             });

@@ -13,7 +13,7 @@
 //!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
 use crate::device::{
-    block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, grid_dim_y, st_shared_v4,
+    add_bytes, block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, grid_dim_y, st_shared_v4,
     sync_threads, thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
@@ -142,11 +142,14 @@ impl Slots {
         let p = self
             .ptr
             .wrapping_add((tile + i as u64 * self.slot_step) as usize);
-        (
-            p,
-            self.mn0 + i * self.mn_step,
-            kt * bk + self.k0 + i * self.k_step,
-        )
+        let (mn, k) = self.coords(i, kt, bk);
+        (p, mn, k)
+    }
+
+    /// `(mn, k)` of slot `i` of K tile `kt`.
+    #[inline(always)]
+    fn coords(&self, i: u32, kt: u32, bk: u32) -> (u32, u32) {
+        (self.mn0 + i * self.mn_step, kt * bk + self.k0 + i * self.k_step)
     }
 }
 
@@ -282,16 +285,68 @@ impl<E: MmaElement, const ROWS: u32, const BK: u32, const THREADS: u32> TileLoad
     }
 }
 
-/// This thread's share of each K tile of an f32 operand for [`fma_tile_async`] (`ROWS`
-/// rows, `THREADS` threads): 4-byte `cp.async`s into the `[k][mn]` stage (rows of
-/// `ROWS + 4` floats), zero-filled outside the operand. K fastest across threads when K is
-/// contiguous, else MN fastest (as [`crate::gemm::fma_slot`] lays slots out), so that a warp's global
-/// reads coalesce either way; its shared writes land in distinct banks either way (K-fast:
-/// 8 k rows, 4 floats apart in bank order, times 4 mn).
+/// An f32 operand's copies for [`fma_tile_async`]: this thread's `cp.async`s of one K tile
+/// into a `[k][mn]` stage (rows of `ROWS + 4` floats), bounds-checked or not. Every
+/// `FmaCopy` is a [`TileLoader`] that skips the checks where a K tile lies inside the
+/// operand (every tile of a full block but the last of a ragged K; SASS: ~4 instructions
+/// per copy instead of ~12).
+trait FmaCopy {
+    /// Whether the operand has all of the tile's rows.
+    fn full_rows(&self) -> bool;
+    /// The operand's K.
+    fn k(&self) -> u32;
+    /// This thread's copies of K tile `kt` into the stage at `dst`; unless `CHECKED`, all
+    /// inside the operand.
+    ///
+    /// # Safety
+    /// As [`TileLoader::load`]; without `CHECKED`, `kt` is below `inside_tiles`.
+    unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32);
+}
+
+impl<C: FmaCopy> TileLoader for C {
+    /// `[k][mn]`: MN contiguous in the stage.
+    const K_MAJOR: bool = false;
+
+    #[inline(always)]
+    unsafe fn load(&self, dst: u32, kt: u32) {
+        if kt < self.inside_tiles() {
+            self.copy::<false>(dst, kt)
+        } else {
+            self.copy::<true>(dst, kt)
+        }
+    }
+
+    #[inline(always)]
+    fn inside_tiles(&self) -> u32 {
+        if self.full_rows() {
+            self.k() / FMA_BK
+        } else {
+            0
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_inside(&self, dst: u32, kt: u32) {
+        self.copy::<false>(dst, kt)
+    }
+}
+
+/// Where this thread's copy slots of K tile `kt` begin: `ptr + kt * tile_step`, the
+/// product in the uniform datapath, the sum one opaque addition ([`add_bytes`]). The
+/// copies walk on from it slot by slot with [`add_bytes`] too, never by `i * slot_step`.
+#[inline(always)]
+fn first_slot(slots: &Slots, kt: u32) -> *const u8 {
+    add_bytes(slots.ptr, kt as u64 * slots.tile_step)
+}
+
+/// Word copies of an f32 operand with any strides (`cp.async` of 4 bytes), zero-filled
+/// outside the operand. K fastest across threads when K is contiguous, else MN fastest (as
+/// [`crate::gemm::fma_slot`] lays slots out), so that a warp's global reads coalesce
+/// either way; its shared writes land in distinct banks either way (K-fast: 8 k rows, 4
+/// floats apart in bank order, times 4 mn).
 pub struct StridedCopy<const ROWS: u32, const THREADS: u32> {
     op: Operand,
     slots: Slots,
-    /// Whether the operand has all `ROWS` rows: then a K tile inside K needs no checks.
     full_rows: bool,
 }
 
@@ -316,34 +371,28 @@ impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
     }
 }
 
-impl<const ROWS: u32, const THREADS: u32> TileLoader for StridedCopy<ROWS, THREADS> {
-    /// `[k][mn]`: MN contiguous in the stage.
-    const K_MAJOR: bool = false;
-
+impl<const ROWS: u32, const THREADS: u32> FmaCopy for StridedCopy<ROWS, THREADS> {
     #[inline(always)]
-    unsafe fn load(&self, dst: u32, kt: u32) {
-        // Where the whole tile lies inside the operand (every tile of a full block but the
-        // last of a ragged K), the copies skip their checks (SASS: ~4 instructions per
-        // copy instead of ~12).
-        if self.full_rows && (kt + 1) * FMA_BK <= self.op.k {
-            self.copy::<false>(dst, kt)
-        } else {
-            self.copy::<true>(dst, kt)
-        }
+    fn full_rows(&self) -> bool {
+        self.full_rows
     }
 
     #[inline(always)]
-    fn inside_tiles(&self) -> u32 {
-        if self.full_rows {
-            self.op.k / FMA_BK
-        } else {
-            0
-        }
+    fn k(&self) -> u32 {
+        self.op.k
     }
 
     #[inline(always)]
-    unsafe fn load_inside(&self, dst: u32, kt: u32) {
-        self.copy::<false>(dst, kt)
+    unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32) {
+        let mut p = first_slot(&self.slots, kt);
+        unrolled!(i in (ROWS * FMA_BK / THREADS) as usize => {
+            let (mn, k) = self.slots.coords(i as u32, kt, FMA_BK);
+            let local_k = self.slots.k0 + i as u32 * self.slots.k_step;
+            let inside = !CHECKED || (mn < self.op.rows && k < self.op.k);
+            // In the stage: local_k < FMA_BK and mn < ROWS by the slot layout.
+            cp_async_ca::<4>(dst + (local_k * (ROWS + 4) + mn) * 4, p, if inside { 4 } else { 0 });
+            p = add_bytes(p, self.slots.slot_step);
+        });
     }
 }
 
@@ -373,16 +422,25 @@ impl<const ROWS: u32, const THREADS: u32> ChunkCopy<ROWS, THREADS> {
             full_rows,
         }
     }
+}
 
-    /// This thread's copies of K tile `kt` into `dst`; unless `CHECKED`, all inside the
-    /// operand.
+impl<const ROWS: u32, const THREADS: u32> FmaCopy for ChunkCopy<ROWS, THREADS> {
+    #[inline(always)]
+    fn full_rows(&self) -> bool {
+        self.full_rows
+    }
+
+    #[inline(always)]
+    fn k(&self) -> u32 {
+        self.op.k
+    }
+
     #[inline(always)]
     unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32) {
-        let tile = kt as u64 * self.slots.tile_step;
+        let mut p = first_slot(&self.slots, kt);
         unrolled!(i in (ROWS / 4 * FMA_BK / THREADS) as usize => {
-            let i = i as u32;
-            let (p, mn, k) = self.slots.slot(i, kt, FMA_BK, tile);
-            let local_k = self.slots.k0 + i * self.slots.k_step;
+            let (mn, k) = self.slots.coords(i as u32, kt, FMA_BK);
+            let local_k = self.slots.k0 + i as u32 * self.slots.k_step;
             // In the stage: local_k < FMA_BK and mn + 3 < ROWS by the slot layout; the
             // chunk (mn a multiple of 4, rows of ROWS + 4 floats) is 16-byte aligned.
             let at = dst + (local_k * (ROWS + 4) + mn) * 4;
@@ -398,51 +456,7 @@ impl<const ROWS: u32, const THREADS: u32> ChunkCopy<ROWS, THREADS> {
             } else {
                 cp_async_16(at, p, 16);
             }
-        });
-    }
-}
-
-impl<const ROWS: u32, const THREADS: u32> TileLoader for ChunkCopy<ROWS, THREADS> {
-    /// `[k][mn]`: MN contiguous in the stage.
-    const K_MAJOR: bool = false;
-
-    #[inline(always)]
-    unsafe fn load(&self, dst: u32, kt: u32) {
-        if self.full_rows && (kt + 1) * FMA_BK <= self.op.k {
-            self.copy::<false>(dst, kt)
-        } else {
-            self.copy::<true>(dst, kt)
-        }
-    }
-
-    #[inline(always)]
-    fn inside_tiles(&self) -> u32 {
-        if self.full_rows {
-            self.op.k / FMA_BK
-        } else {
-            0
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn load_inside(&self, dst: u32, kt: u32) {
-        self.copy::<false>(dst, kt)
-    }
-}
-
-impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
-    /// This thread's copies of K tile `kt` into `dst`; unless `CHECKED`, all inside the
-    /// operand.
-    #[inline(always)]
-    unsafe fn copy<const CHECKED: bool>(&self, dst: u32, kt: u32) {
-        let tile = kt as u64 * self.slots.tile_step;
-        unrolled!(i in (ROWS * FMA_BK / THREADS) as usize => {
-            let i = i as u32;
-            let (p, mn, k) = self.slots.slot(i, kt, FMA_BK, tile);
-            let local_k = self.slots.k0 + i * self.slots.k_step;
-            let inside = !CHECKED || (mn < self.op.rows && k < self.op.k);
-            // In the stage: local_k < FMA_BK and mn < ROWS by the slot layout.
-            cp_async_ca::<4>(dst + (local_k * (ROWS + 4) + mn) * 4, p, if inside { 4 } else { 0 });
+            p = add_bytes(p, self.slots.slot_step);
         });
     }
 }

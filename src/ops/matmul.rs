@@ -707,9 +707,10 @@ impl Problem {
     /// them wider: 4096x4096x{16,128} run 1.1-1.6x faster on 64x64's 4096 blocks than on
     /// 128x128's 1024, H100; not for exact f32, whose pipelined big tiles ran
     /// 4096x4096x{16,128} 1.2x / 1.5x faster than 64 x 64); else the smallest. Exact f32
-    /// never takes 128 x 256 here: its 128 x 128 tile (two blocks per SM, whose barriers
-    /// do not stall each other) ran 1-2% faster on every square >= 2048 and LLM layer
-    /// (H100, `find`).
+    /// takes 128 x 256 only when K >= 128: there it ran 7-9% faster than 128 x 128 on
+    /// every square >= 2048 and on 4096x4096x{128,1024} (H100, `find`, after the
+    /// fragment loads were spread over the FMAs); at K = 16 128 x 128 was faster (two
+    /// blocks per SM overlap each other's pipeline fill and epilogue).
     ///
     /// On sm_90a the TMA `wgmma` tiles come first when K spans more than one 64-wide K
     /// tile: the widest whose blocks keep 3/4 of the SMs busy, among those not mostly past
@@ -756,7 +757,9 @@ impl Problem {
             .filter(|&a| self.check_algorithm(a, sm90a).is_ok())
             .filter(|a| !a.tma() && (!a.needs_sm90a() || self.k >= 256))
             .filter(|a| !a.short_k())
-            .filter(|&a| self.math != MatmulMath::Fma || a != MatmulAlgo::Tile128x256)
+            .filter(|&a| {
+                self.math != MatmulMath::Fma || self.k >= 128 || a != MatmulAlgo::Tile128x256
+            })
             .find(|&a| self.tiles(a) >= wanted)
             .unwrap_or(MatmulAlgo::Tile64x64)
     }
