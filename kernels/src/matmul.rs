@@ -13,8 +13,8 @@
 //!   module of its own that only Hopper loads): `wgmma` tensor cores, `k`/`n` copy modes.
 
 use crate::device::{
-    add_bytes, block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, grid_dim_y, st_shared_v4,
-    sync_threads, thread_idx_x,
+    add_bytes, block_idx_x, block_idx_y, cp_async_16, cp_async_ca, dynamic_smem, grid_dim_y,
+    st_shared_v4, sync_threads, thread_idx_x,
 };
 use crate::element::{Bf16, Element, F16};
 use crate::epilogue;
@@ -149,7 +149,10 @@ impl Slots {
     /// `(mn, k)` of slot `i` of K tile `kt`.
     #[inline(always)]
     fn coords(&self, i: u32, kt: u32, bk: u32) -> (u32, u32) {
-        (self.mn0 + i * self.mn_step, kt * bk + self.k0 + i * self.k_step)
+        (
+            self.mn0 + i * self.mn_step,
+            kt * bk + self.k0 + i * self.k_step,
+        )
     }
 }
 
