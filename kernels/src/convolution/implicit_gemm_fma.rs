@@ -1,5 +1,10 @@
-//! `conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32`: exact-f32 implicit GEMM on CUDA cores,
-//! built on [`fma_tile_ahead`] with im2col [`Gather`]s that read x and the filter in place.
+//! Exact-f32 implicit GEMM on CUDA cores, two cores (the host's `async_declines` picks):
+//!
+//! * `conv_fwd_implicit_gemm_async_<BMxBN>_<t|p>_f32` (end of this file): channels-first x
+//!   with a dense `[k, c, r, s]` filter on [`fma_tile_async`], operands copied by
+//!   `cp.async` ([`PixelCopy`], the matmul's [`StridedCopy`]).
+//! * `conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32` (described below): any layout, on
+//!   [`fma_tile_ahead`] with im2col [`Gather`]s that read x and the filter in place.
 //!
 //! Per group (grid y), the GEMM multiplies the pixels' im2col rows by the filter's rows:
 //! `acc[pixel, k] = sum_kk x[pixel's tap of kk, channel of kk] * w[k, kk]` over
