@@ -246,6 +246,10 @@ fn declare_dynamic_smem(ptx: &str) -> String {
 /// The exact-f32 implicit GEMM's 64 x 128 tile: 2 blocks of 8 warps at 128 registers, no
 /// spills (unbounded, ptxas 12.9 gave its `kp` kernel 137: one block per SM). (Its 128 x 64
 /// tile comes out at 127 unbounded; bounded, its `kp` kernel spilled 12 B.)
+/// The exact-f32 implicit GEMM's `cp.async` tiles (4 warps): 128 x 64 and 64 x 128 three
+/// blocks per SM at 168 registers (ptxas 12.9 unbounded: 197-219, two blocks; bounded,
+/// only 128 x 64 `_p` spills, 20 B), 64 x 64 four at 128 (unbounded 133-150; bounded no
+/// spills). 128 x 128 stays unbounded (254-255 registers, two blocks; at 168 it spills 1 KB).
 /// The TMA `wgmma` kernels: one block of three warpgroups (168 registers each at launch),
 /// which `setmaxnreg` then moves from the producer warpgroup to the consumers.
 const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
@@ -259,6 +263,9 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     ("matmul_mma_64x64s_nk_", 128, 4),
     ("matmul_mma_64x64s_nn_", 128, 4),
     ("conv_fwd_implicit_gemm_64x128_", 256, 2),
+    ("conv_fwd_implicit_gemm_async_128x64_", 128, 3),
+    ("conv_fwd_implicit_gemm_async_64x128_", 128, 3),
+    ("conv_fwd_implicit_gemm_async_64x64_", 128, 4),
 ];
 
 /// Kernels whose registers are capped by `.maxnreg`: `(name prefix, registers)`, where

@@ -1410,9 +1410,76 @@ fn implicit_gemm_split_k_refuses_a_short_workspace() {
     });
 }
 
+/// `OXIDNN_CONV_IGEMM_FMA=a<tile>[s<splits>]` forces each `cp.async` tile of the
+/// exact-f32 implicit GEMM (run alone: the variable is process-wide;
+/// `cargo test --release --test convolution -- --ignored --test-threads=1 forced_async`):
+/// exact on integers against the reference on awkward shapes (extents of 1, primes, odd
+/// sizes, padding >= filter, strides, dilation, groups, both modes, tap-table and
+/// pointwise kernels, several row and pixel tiles, split-K), with beta = 0 into a poisoned
+/// y and beta = 1 with a residual, bias and relu; a forced tile the core cannot take
+/// (channels-last x) is an error naming the variable.
+#[test]
+#[ignore]
+fn implicit_gemm_forced_async_tiles_are_exact() {
+    let Some(h) = gpu() else {
+        return;
+    };
+    const VAR: &str = "OXIDNN_CONV_IGEMM_FMA";
+    let first = Layout::ChannelsFirst;
+    let shapes = [
+        ((1, 1, 1, [1, 1]), (1, 0, 1, 1, 1)),
+        ((2, 3, 5, [7, 11]), (3, 1, 1, 1, 1)),
+        ((3, 13, 7, [5, 9]), (3, 4, 1, 1, 1)),
+        ((2, 17, 31, [13, 13]), (1, 0, 2, 1, 1)),
+        ((1, 5, 67, [9, 10]), (5, 2, 2, 2, 1)),
+        ((2, 12, 18, [8, 7]), (3, 1, 1, 1, 3)),
+        ((1, 3, 64, [23, 23]), (7, 3, 2, 1, 1)),
+        ((2, 130, 129, [6, 5]), (1, 1, 1, 1, 1)),
+        ((1, 67, 131, [11, 13]), (1, 0, 1, 1, 1)),
+        ((1, 37, 70, [5, 5]), (3, 1, 1, 1, 1)),
+    ];
+    let mut seed = 400;
+    for tile in ["128x128", "128x64", "64x128", "64x64"] {
+        for splits in ["", "s3"] {
+            std::env::set_var(VAR, format!("a{tile}{splits}"));
+            for (dims, geo) in shapes {
+                for mode in [XCORR, ConvMode::Convolution] {
+                    seed += 1;
+                    let mut case = case2d(DataType::F32, MathType::Fma, dims, geo, first, mode);
+                    case.bias = true;
+                    case.activation = ActivationDescriptor::relu();
+                    if seed % 2 == 0 {
+                        // beta = 1, a residual: y is read; else y starts poisoned.
+                        case.residual = true;
+                        case.beta = 1.0;
+                    }
+                    let inputs = Inputs::draw(&case, true, &mut rng(seed));
+                    let want = inputs.reference(&case);
+                    run_and_check(h, &case, &inputs, ConvFwdAlgo::ImplicitGemm, &want, 0.0);
+                }
+            }
+        }
+        // Channels-last x: the cp.async kernels decline, and a forced tile says so.
+        std::env::set_var(VAR, format!("a{tile}"));
+        let case = case2d(
+            DataType::F32,
+            MathType::Fma,
+            (1, 8, 8, [5, 5]),
+            (3, 1, 1, 1, 1),
+            Layout::ChannelsLast,
+            XCORR,
+        );
+        let (x, w) = (h.alloc(&case.x).unwrap(), h.alloc(case.w.tensor()).unwrap());
+        let mut y = h.alloc(&case.y).unwrap();
+        let e = implicit_gemm_forward(h, &case, (&x, &w), None, &mut y).unwrap_err();
+        assert!(e.to_string().contains(VAR), "{tile}: {e}");
+    }
+    std::env::remove_var(VAR);
+}
+
 /// Tuning aid for the exact-f32 implicit GEMM's plan (run alone: it sets
 /// `OXIDNN_CONV_IGEMM_FMA`, a process-wide variable): every ResNet-50 layer (f32 NCHW,
-/// N = 32) under the heuristic's plan and under each forced tile and split, timed on the
+/// N = 32) under the heuristic's plan and under each forced tile and split of both cores, timed on the
 /// host clock around 10 queued calls. Lines `PLAN layer plan µs`, then per layer `BEST`.
 #[test]
 #[ignore]
@@ -1450,9 +1517,13 @@ fn time_implicit_gemm_plans() {
         ("res5a_branch2a_v1.5", 1024, 14, 512, 1, 1, 0),
         ("res5a_branch2b_v1.5", 512, 14, 512, 3, 2, 1),
     ];
+    // The cp.async core's tiles (`a`) at every split count, the gather core's at a few.
     let mut forced = vec![];
     for tile in ["128x128", "64x128", "128x64", "64x64"] {
         for splits in [1, 2, 3, 4, 6, 8, 12, 16] {
+            forced.push(format!("a{tile}s{splits}"));
+        }
+        for splits in [1, 2, 4, 8] {
             forced.push(format!("{tile}s{splits}"));
         }
     }

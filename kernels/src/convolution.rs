@@ -9,7 +9,8 @@
 //!   sm90a build, where `lib.rs` compiles it with `implicit_gemm_tma`, the same GEMM on
 //!   the warp-specialised TMA core, operands copied by TMA in im2col and tiled modes).
 //! * [`winograd`]: Winograd F(2x2, 3x3) transforms around a batched matmul (3x3, stride 1).
-//! * [`implicit_gemm_fma`]: exact-f32 implicit GEMM on CUDA cores (im2col gathers).
+//! * [`implicit_gemm_fma`]: exact-f32 implicit GEMM on CUDA cores (`cp.async` im2col
+//!   copies for channels-first x, register-staged gathers otherwise).
 //! * [`depthwise`]: groups == c, memory-bound, per layout.
 //! * [`channel_padding`]: stages x and the filter with their channels padded to a copy
 //!   unit for the implicit GEMM's packed kernels (few channels per group: C = 3).

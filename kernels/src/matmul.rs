@@ -53,6 +53,19 @@ pub struct Operand {
 }
 
 impl Operand {
+    /// The operand whose element `(mn, k)` lies at `base + (mn * stride_mn + k * stride_k)`
+    /// elements, `rows` rows from `base` on and `k` long (the implicit GEMM's filter).
+    #[inline(always)]
+    pub fn new(base: *const u8, stride_mn: u64, stride_k: u64, rows: u32, k: u32) -> Self {
+        Self {
+            base,
+            stride_mn,
+            stride_k,
+            rows,
+            k,
+        }
+    }
+
     #[inline(always)]
     unsafe fn at(
         ptr: *const u8,
@@ -355,7 +368,7 @@ pub struct StridedCopy<const ROWS: u32, const THREADS: u32> {
 
 impl<const ROWS: u32, const THREADS: u32> StridedCopy<ROWS, THREADS> {
     #[inline(always)]
-    fn new(op: Operand) -> Self {
+    pub fn new(op: Operand) -> Self {
         const {
             assert!(THREADS % FMA_BK == 0 && THREADS % ROWS == 0);
             assert!((ROWS * FMA_BK) % THREADS == 0);

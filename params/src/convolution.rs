@@ -265,6 +265,48 @@ pub const CONV_IGEMM_REDUCE_THREADS: u32 = 256;
 /// shared memory.
 pub const CONV_IGEMM_MAX_TAPS: u32 = 1024;
 
+/// Threads of every `conv_fwd_implicit_gemm_async_*` block (4 warps).
+pub const CONV_IGEMM_ASYNC_THREADS: u32 = 128;
+
+/// Outputs per thread, `(rows, cols)`, of the `cp.async` implicit GEMM's `bm x bn` tile
+/// at [`CONV_IGEMM_ASYNC_THREADS`] threads: 8 x 16 on 128 x 128 (64 x 64 warp tiles, as
+/// the exact-f32 matmul's), 8 x 8 on 128 x 64 and 64 x 128, 4 x 8 on 64 x 64.
+pub const fn conv_igemm_async_thread_tile(bm: u32, bn: u32) -> (u32, u32) {
+    let per_thread = bm * bn / CONV_IGEMM_ASYNC_THREADS;
+    if per_thread >= 128 {
+        (8, 16)
+    } else if per_thread >= 64 {
+        (8, 8)
+    } else {
+        (4, 8)
+    }
+}
+
+/// Most products per K partition (`split_k`) the `cp.async` implicit GEMM's tap-table
+/// kernels (`_t`) take: one 8-byte table entry per `kk` of the block's partition.
+pub const CONV_IGEMM_ASYNC_MAX_K: u32 = 8192;
+
+/// Bytes of the `_t` kernels' im2col table for a partition of `split_k` products: per
+/// `kk` (rounded up to whole K tiles) `[x offset of (channel, tap), f1 * d1 | f2 * d2 << 16]`.
+pub const fn conv_igemm_async_table_bytes(split_k: u32) -> u32 {
+    split_k.div_ceil(crate::FMA_BK) * crate::FMA_BK * 8
+}
+
+/// Dynamic shared memory of the `cp.async` implicit GEMM's `bm x bn` tile with a table of
+/// `table_bytes` ([`conv_igemm_async_table_bytes`], or 0 for the pointwise `_p` kernels):
+/// [`crate::FMA_STAGES`] `[k][mn]` stages of both operands (rows padded by 4 floats),
+/// then the table, or the staged `bm x (bn + 4)` result where that is larger (the
+/// epilogue reuses the stages and the table).
+pub const fn conv_igemm_async_shared_bytes(bm: u32, bn: u32, table_bytes: u32) -> u32 {
+    let stages = crate::FMA_STAGES * crate::FMA_BK * (bm + 4 + bn + 4) * 4 + table_bytes;
+    let result = bm * (bn + 4) * 4;
+    if stages > result {
+        stages
+    } else {
+        result
+    }
+}
+
 /// Shared bytes of the implicit-GEMM tap tables: per tap `[x offset, f0 * d0, f1 * d1,
 /// f2 * d2]` (16 bytes) and the filter offset (4 bytes).
 pub const fn conv_igemm_table_bytes(taps: u32) -> u32 {

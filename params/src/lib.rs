@@ -25,12 +25,14 @@ pub use batch_norm::{
     BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
+    conv_igemm_async_shared_bytes, conv_igemm_async_table_bytes, conv_igemm_async_thread_tile,
     conv_igemm_table_bytes, conv_tma_blocks_per_sm, conv_wgmma_shared_bytes, conv_wgmma_stages,
     dw_tile_shared_bytes, dw_tile_threads, ConvDepthwiseParams, ConvDepthwiseTileParams,
     ConvFwdParams, ConvGemmParams, ConvGeometry, ConvImplicitGemmParams, ConvPadChannelsParams,
-    ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_MAX_TAPS,
-    CONV_IGEMM_REDUCE_THREADS, CONV_PAD_CHANNELS_THREADS, CONV_WINOGRAD_THREADS, DW_COLS,
-    DW_PIXELS, DW_STRIP, DW_STRIP_THREADS, DW_THREADS, DW_TILE_AHEAD, DW_TILE_SLOTS,
+    ConvWinogradParams, PixelIndex, CONV_DIRECT_THREADS, CONV_IGEMM_ASYNC_MAX_K,
+    CONV_IGEMM_ASYNC_THREADS, CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS,
+    CONV_PAD_CHANNELS_THREADS, CONV_WINOGRAD_THREADS, DW_COLS, DW_PIXELS, DW_STRIP,
+    DW_STRIP_THREADS, DW_THREADS, DW_TILE_AHEAD, DW_TILE_SLOTS,
 };
 pub use divisor::FastDivisor;
 pub use dropout::{

@@ -1,10 +1,19 @@
 //! [`ConvFwdAlgo::ImplicitGemm`](super::ConvFwdAlgo::ImplicitGemm): exact-f32 implicit
-//! GEMM on CUDA cores, `conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32`. Per group, the
-//! pixels' im2col rows (gathered from x in place through per-tap offset tables the blocks
-//! build in shared memory) times the filter's `[k, c * taps]` rows, on the matmul's
-//! `fma_tile` core, finished by the shared epilogue. `kp` (output channels as the GEMM's
-//! rows, pixels as its columns) for channels-first x, `pk` for channels-last; both take
-//! any strides. f32 data only (`Fma` math, or `Tf32`, which allows exact arithmetic).
+//! GEMM on CUDA cores. Per group, the pixels' im2col rows (read from x in place through
+//! offset tables the blocks build in shared memory) times the filter's `[k, c * taps]`
+//! rows, finished by the shared epilogue. Two cores:
+//!
+//! * `cp.async` (`conv_fwd_implicit_gemm_async_<BMxBN>_<t|p>_f32`, the matmul's
+//!   `fma_tile_async`: a 4-stage ring of `[k][mn]` stages, 64 x 64 / 64 x 32 warp tiles):
+//!   output channels as the GEMM's rows, pixels as its columns, `kk` channel-outer, for
+//!   channels-first x with a dense `[k, c, r, s]` filter (its rows contiguous along K).
+//!   `_t` reads the pixels through a per-`kk` table, `_p` (one tap, no padding) directly.
+//!   [`async_declines`] says which problems it leaves to the other core.
+//! * register-staged gathers (`conv_fwd_implicit_gemm_<BMxBN>_<kp|pk>_f32`, `fma_tile_ahead`):
+//!   everything else: channels-last x (`pk`), other filter layouts, 3-D filters, extents
+//!   past the table's 16-bit taps. Any strides.
+//!
+//! f32 data only (`Fma` math, or `Tf32`, which allows exact arithmetic).
 //!
 //! Split-K: where the tile grid leaves SMs idle (small spatial outputs, few channels, long
 //! K), the blocks cut K into partitions, store raw partial sums to the workspace, and a
@@ -18,8 +27,9 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::launch::LaunchConfig;
 use oxidnn_params::{
-    conv_igemm_table_bytes, fma_shared_bytes, ConvImplicitGemmParams, FastDivisor, PixelIndex,
-    CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS, FMA_BK, FMA_THREADS,
+    conv_igemm_async_shared_bytes, conv_igemm_async_table_bytes, conv_igemm_table_bytes,
+    fma_shared_bytes, ConvImplicitGemmParams, FastDivisor, PixelIndex, CONV_IGEMM_ASYNC_MAX_K,
+    CONV_IGEMM_ASYNC_THREADS, CONV_IGEMM_MAX_TAPS, CONV_IGEMM_REDUCE_THREADS, FMA_BK, FMA_THREADS,
 };
 
 /// Block tiles (GEMM rows x columns) with their modelled throughput per SM (multiply-adds
@@ -37,12 +47,35 @@ const TILES: [Tile; 4] = [
     Tile::new(64, 64, 80e9, 4),
 ];
 
-/// One block tile of [`TILES`].
+/// Block tiles of the `cp.async` core (128 threads each; 2, 3, 3 and 4 blocks per SM: ptxas
+/// 12.9, 240-250 registers on 128 x 128, the others bounded by `build.rs`) with their
+/// rates for the tap-table (`_t`) and pointwise (`_p`) kernels. Fitted (with
+/// [`ASYNC_BLOCK_OVERHEAD_K`] and [`ASYNC_PARTIAL_WAVE_COST`]) to every tile x split of
+/// ResNet-50's layers at N = 32 (f32 NCHW, H100, `time_implicit_gemm_plans`, device run
+/// of 2026-11-23 19:14, pair epilogue), first by least squares, then two rates (64 x 128
+/// `_t`, 64 x 64 `_p`) lowered by a search on the picks: 128 x 64 leads on 3x3s (C >= 128),
+/// 64 x 128 on 1x1s, 64 x 64 where K is short, 128 x 128 split 5 ways on the 7x7 res5
+/// layers. Against the best tile x split measured its picks are 1.3% slower (geomean;
+/// every pick was measured). The least-squares rates (64 x 128 `_t` 128e9, 64 x 64 `_p`
+/// 153e9) were what the device run of 19:50 measured (geomean 1.032 against cuDNN).
+const ASYNC_TILES: [Tile; 4] = [
+    Tile::new(128, 128, 139e9, 2).pointwise(145e9),
+    Tile::new(64, 128, 115e9, 3).pointwise(170e9),
+    Tile::new(128, 64, 143e9, 3).pointwise(167e9),
+    Tile::new(64, 64, 127e9, 4).pointwise(138e9),
+];
+/// The `cp.async` core's [`BLOCK_OVERHEAD_K`] and [`PARTIAL_WAVE_COST`] (same fit).
+const ASYNC_BLOCK_OVERHEAD_K: f64 = 16.0;
+const ASYNC_PARTIAL_WAVE_COST: f64 = 0.3;
+
+/// One block tile of [`TILES`] or [`ASYNC_TILES`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Tile {
     bm: u32,
     bn: u32,
+    /// Multiply-adds per second per full SM, and that of the pointwise kernels.
     rate: f64,
+    rate_pointwise: f64,
     resident: u64,
 }
 
@@ -52,7 +85,15 @@ impl Tile {
             bm,
             bn,
             rate,
+            rate_pointwise: rate,
             resident,
+        }
+    }
+
+    const fn pointwise(self, rate_pointwise: f64) -> Self {
+        Self {
+            rate_pointwise,
+            ..self
         }
     }
 }
@@ -77,7 +118,10 @@ const DEFAULT_SM_COUNT: u32 = 132;
 /// How a problem runs: the kernel mode, the block tile and the K partitions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Plan {
-    /// Output channels as the GEMM's rows, pixels as its columns (`kp` kernels).
+    /// The core: register-staged gathers or `cp.async`.
+    core: Core,
+    /// Output channels as the GEMM's rows, pixels as its columns (`kp` kernels; always
+    /// on the `cp.async` core).
     kp: bool,
     bm: u32,
     bn: u32,
@@ -90,7 +134,48 @@ pub(super) struct Plan {
     split_k: u32,
 }
 
+/// Which kernels a plan runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Core {
+    /// `conv_fwd_implicit_gemm_<tile>_<kp|pk>_f32`.
+    Gather,
+    /// `conv_fwd_implicit_gemm_async_<tile>_<t|p>_f32`; `pointwise`: the `_p` kernels.
+    Async { pointwise: bool },
+}
+
 impl Plan {
+    /// Dynamic shared memory of a block (stages or staged result, and the tables).
+    fn shared_bytes(&self, taps: u32) -> u32 {
+        match self.core {
+            Core::Gather => fma_shared_bytes(self.bm, self.bn) + conv_igemm_table_bytes(taps),
+            Core::Async { pointwise } => conv_igemm_async_shared_bytes(
+                self.bm,
+                self.bn,
+                if pointwise {
+                    0
+                } else {
+                    conv_igemm_async_table_bytes(self.split_k)
+                },
+            ),
+        }
+    }
+
+    fn kernel_name(&self) -> String {
+        match self.core {
+            Core::Gather => {
+                let mode = if self.kp { "kp" } else { "pk" };
+                format!("conv_fwd_implicit_gemm_{}x{}_{mode}_f32", self.bm, self.bn)
+            }
+            Core::Async { pointwise } => {
+                let v = if pointwise { "p" } else { "t" };
+                format!(
+                    "conv_fwd_implicit_gemm_async_{}x{}_{v}_f32",
+                    self.bm, self.bn
+                )
+            }
+        }
+    }
+
     fn tiles(&self) -> (u64, u64) {
         (
             self.rows.div_ceil(self.bm as u64),
@@ -130,13 +215,41 @@ fn partitions(gemm_k: u32, want: u32) -> (u32, u32) {
 /// lacks) times a block's products (`bm * bn * (split_k +` [`BLOCK_OVERHEAD_K`]`)`) at the
 /// tile's rate, plus, under split-K, the partial sums' traffic (each written once and
 /// read once, y written once) and a launch; the cheapest wins. Against the best of every
-/// tile and split measured (ResNet-50, N = 32, H100) its picks are 1.1% slower (geomean).
+/// tile and split measured (ResNet-50, N = 32, H100) its picks are 1.1% slower (gather
+/// core) and 1.3% (`cp.async` core, with its own constants) (geomean).
 ///
-/// `OXIDNN_CONV_IGEMM_FMA=BMxBN` or `BMxBNsS` forces a tile (and at most `S` partitions),
-/// for tuning and tests; a value naming no tile is an error.
+/// The `cp.async` core's tiles are the candidates wherever it takes the problem
+/// ([`async_declines`]), else the gather core's.
+///
+/// `OXIDNN_CONV_IGEMM_FMA=BMxBN` or `BMxBNsS` forces a gather-core tile (and at most `S`
+/// partitions), `aBMxBN[sS]` a `cp.async` one, for tuning and tests; a value naming no
+/// tile, or a `cp.async` tile for a problem that core declines, is an error.
 pub(super) fn plan(p: &Problem, sm_count: u32) -> Result<Plan> {
     let g = &p.geo;
-    let kp = pixels_as_columns(p);
+    let async_why = async_declines(p);
+    let pointwise = is_pointwise(p);
+    let forced = std::env::var("OXIDNN_CONV_IGEMM_FMA").ok();
+    let use_async = match forced.as_deref().map(|f| f.strip_prefix('a')) {
+        Some(Some(_)) => {
+            if let Some(why) = &async_why {
+                return Err(Error::unsupported(format!(
+                    "OXIDNN_CONV_IGEMM_FMA={} forces a cp.async tile, but that core declines this problem: {why}",
+                    forced.as_deref().unwrap_or_default()
+                )));
+            }
+            true
+        }
+        Some(None) => false,
+        None => async_why.is_none(),
+    };
+    let (core, tiles) = if use_async {
+        (Core::Async { pointwise }, &ASYNC_TILES)
+    } else {
+        (Core::Gather, &TILES)
+    };
+    // The tap-table kernels keep one entry per product of a partition.
+    let table_fits = |split_k: u32| pointwise || !use_async || split_k <= CONV_IGEMM_ASYNC_MAX_K;
+    let kp = use_async || pixels_as_columns(p);
     let pixels = pixel_count(p);
     let (rows, cols) = if kp {
         (g.k_per_group as u64, pixels)
@@ -146,6 +259,7 @@ pub(super) fn plan(p: &Problem, sm_count: u32) -> Result<Plan> {
     let gemm_k = g.c_per_group * g.taps();
     let groups = g.groups as u64;
     let make = |t: &Tile, (splits, split_k): (u32, u32)| Plan {
+        core,
         kp,
         bm: t.bm,
         bn: t.bn,
@@ -157,38 +271,49 @@ pub(super) fn plan(p: &Problem, sm_count: u32) -> Result<Plan> {
     };
     // The workspace's offsets are 32-bit in the kernels.
     let fits = |plan: &Plan| plan.partials(g.groups) < i32::MAX as u64;
-    if let Ok(forced) = std::env::var("OXIDNN_CONV_IGEMM_FMA") {
-        let (tile, splits) = forced.split_once('s').unwrap_or((&forced, "1"));
-        let t = TILES.iter().find(|t| tile == format!("{}x{}", t.bm, t.bn));
+    if let Some(forced) = &forced {
+        let spec = forced.strip_prefix('a').unwrap_or(forced);
+        let (tile, splits) = spec.split_once('s').unwrap_or((spec, "1"));
+        let t = tiles.iter().find(|t| tile == format!("{}x{}", t.bm, t.bn));
         let splits = splits.parse::<u32>().ok().filter(|&s| s >= 1);
         return match (t, splits) {
             (Some(t), Some(s)) => {
                 let plan = make(t, partitions(gemm_k, s));
-                if fits(&plan) {
-                    Ok(plan)
-                } else {
+                if !fits(&plan) {
                     Err(Error::unsupported(format!(
                         "OXIDNN_CONV_IGEMM_FMA={forced}: the partial sums exceed 2^31 elements"
                     )))
+                } else if !table_fits(plan.split_k) {
+                    Err(Error::unsupported(format!(
+                        "OXIDNN_CONV_IGEMM_FMA={forced}: partitions of {} products exceed the cp.async kernels' table ({CONV_IGEMM_ASYNC_MAX_K})",
+                        plan.split_k
+                    )))
+                } else {
+                    Ok(plan)
                 }
             }
             _ => Err(Error::unsupported(format!(
-                "OXIDNN_CONV_IGEMM_FMA={forced} names no exact-f32 implicit-GEMM plan (BMxBN or BMxBNsS, tiles 128x128, 64x128, 128x64, 64x64)"
+                "OXIDNN_CONV_IGEMM_FMA={forced} names no exact-f32 implicit-GEMM plan (BMxBN[sS] for the gather core, aBMxBN[sS] for cp.async; tiles 128x128, 64x128, 128x64, 64x64)"
             ))),
         };
     }
     let sms = sm_count.max(1) as u64;
+    let (block_overhead_k, partial_wave_cost) = if use_async {
+        (ASYNC_BLOCK_OVERHEAD_K, ASYNC_PARTIAL_WAVE_COST)
+    } else {
+        (BLOCK_OVERHEAD_K, PARTIAL_WAVE_COST)
+    };
     let fill = |extent: u64, t: u32| extent as f64 / (extent.div_ceil(t as u64) * t as u64) as f64;
-    let smallest = &TILES[TILES.len() - 1];
+    let smallest = &tiles[tiles.len() - 1];
     let mut best: Option<(f64, Plan)> = None;
-    for t in TILES
+    for t in tiles
         .iter()
         .filter(|t| *t == smallest || (fill(rows, t.bm) >= 0.75 && fill(cols, t.bn) >= 0.75))
     {
         let tiles = rows.div_ceil(t.bm as u64) * cols.div_ceil(t.bn as u64) * groups;
         for want in 1..=MAX_SPLITS {
             let (splits, split_k) = partitions(gemm_k, want);
-            if splits != want || (splits > 1 && split_k < MIN_SPLIT_K) {
+            if splits != want || (splits > 1 && split_k < MIN_SPLIT_K) || !table_fits(split_k) {
                 continue;
             }
             let plan = make(t, (splits, split_k));
@@ -198,8 +323,13 @@ pub(super) fn plan(p: &Problem, sm_count: u32) -> Result<Plan> {
             let blocks = tiles * splits as u64;
             let per_sm = blocks.div_ceil(sms);
             let missing = per_sm.div_ceil(t.resident) * t.resident - per_sm;
-            let waves = per_sm as f64 + PARTIAL_WAVE_COST * missing as f64;
-            let gemm = waves * (t.bm * t.bn) as f64 * (split_k as f64 + BLOCK_OVERHEAD_K) / t.rate;
+            let waves = per_sm as f64 + partial_wave_cost * missing as f64;
+            let rate = if use_async && pointwise {
+                t.rate_pointwise
+            } else {
+                t.rate
+            };
+            let gemm = waves * (t.bm * t.bn) as f64 * (split_k as f64 + block_overhead_k) / rate;
             let reduce = if splits > 1 {
                 (2 * splits as u64 + 1) as f64 * (groups * rows * cols * 4) as f64
                     / REDUCE_BYTES_PER_S
@@ -214,7 +344,9 @@ pub(super) fn plan(p: &Problem, sm_count: u32) -> Result<Plan> {
         }
     }
     best.map(|(_, plan)| plan).ok_or_else(|| {
-        Error::unsupported("no implicit-GEMM plan fits the 32-bit workspace offsets")
+        Error::unsupported(
+            "no implicit-GEMM plan fits the 32-bit workspace offsets (and the tables' partitions)",
+        )
     })
 }
 
@@ -247,6 +379,58 @@ pub(super) fn declines(p: &Problem) -> Option<String> {
         ));
     }
     None
+}
+
+/// Why the `cp.async` kernels leave this problem to the gather kernels, or `None` if they
+/// take it (`OXIDNN_VERBOSE=1` prints the reason with the plan).
+pub(super) fn async_declines(p: &Problem) -> Option<String> {
+    let g = &p.geo;
+    if !pixels_as_columns(p) {
+        return Some("x is channels-last: its pixels are gathered by the `pk` kernels".into());
+    }
+    let taps = g.taps();
+    if g.filter[0] != 1 || g.pad[0] != 0 {
+        return Some(
+            "the depth dim has a filter or padding (3-D): the table holds h and w taps".into(),
+        );
+    }
+    // Row `k` of the filter at `kk = c * taps + r * s_extent + s`: the strides of c, r and
+    // s (those of extent 1 never step) are taps, s_extent and 1.
+    let dense = [
+        (g.c_per_group, g.w[1], taps),
+        (g.filter[1], g.w[3], g.filter[2]),
+        (g.filter[2], g.w[4], 1),
+    ]
+    .iter()
+    .all(|&(extent, stride, want)| extent == 1 || stride == want);
+    if !dense {
+        return Some(format!(
+            "the filter's strides {:?} are not a dense [k, c, r, s] layout: its rows are not contiguous along K",
+            g.w
+        ));
+    }
+    const TAP_LIMIT: u32 = 1 << 15;
+    for j in 1..3 {
+        let reach = (g.filter[j] - 1) as u64 * g.dilation[j] as u64;
+        if g.input[j] as u64 + g.pad[j] as u64 > TAP_LIMIT as u64 || reach >= TAP_LIMIT as u64 {
+            return Some(format!(
+                "spatial dim {j}: input {} + padding {} or filter reach {reach} exceeds the table's 15-bit taps",
+                g.input[j], g.pad[j]
+            ));
+        }
+    }
+    let gemm_k = g.c_per_group as u64 * taps as u64;
+    if !is_pointwise(p) && gemm_k > CONV_IGEMM_ASYNC_MAX_K as u64 * MAX_SPLITS as u64 {
+        return Some(format!(
+            "K = {gemm_k} needs more than {MAX_SPLITS} partitions of the table's {CONV_IGEMM_ASYNC_MAX_K} entries"
+        ));
+    }
+    None
+}
+
+/// One tap and no padding: the `cp.async` core's `_p` kernels (no table, no checks inside).
+fn is_pointwise(p: &Problem) -> bool {
+    p.geo.taps() == 1 && p.geo.pad == [0; 3]
 }
 
 fn pixel_count(p: &Problem) -> u64 {
@@ -285,14 +469,24 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
         split_k: plan.split_k,
     };
     let mode = if plan.kp { "kp" } else { "pk" };
-    let name = format!("conv_fwd_implicit_gemm_{}x{}_{mode}_f32", plan.bm, plan.bn);
+    let name = plan.kernel_name();
+    if std::env::var("OXIDNN_VERBOSE").is_ok_and(|v| v == "1") {
+        let why = async_declines(p).unwrap_or_else(|| "it takes the problem".into());
+        eprintln!(
+            "oxidnn: ImplicitGemm runs {} with {} split(s) of K = {} (cp.async core: {why})",
+            name, plan.splits, plan.gemm_k
+        );
+    }
     let kernel = kernels::lookup(&name)
         .ok_or_else(|| Error::unsupported(format!("no implicit-GEMM kernel `{name}`")))?;
     let cfg = LaunchConfig {
         grid: blocks as u32,
         grid_y: g.groups.min(65535),
-        block: FMA_THREADS,
-        shared_bytes: fma_shared_bytes(plan.bm, plan.bn) + conv_igemm_table_bytes(taps),
+        block: match plan.core {
+            Core::Gather => FMA_THREADS,
+            Core::Async { .. } => CONV_IGEMM_ASYNC_THREADS,
+        },
+        shared_bytes: plan.shared_bytes(taps),
     };
     let [x, w, y_ptr, bias, z] = call.kernel_pointers(y)?;
     let partials = plan.partials(g.groups);
@@ -312,7 +506,10 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
     // and columns inside the GEMM; bias and z are read only when the epilogue has them.
     // Under split-K it stores the partial sums instead, inside the workspace of
     // `partials` (< 2^31) elements that the registry checked. The shared memory covers
-    // the tile stages and the tap tables (taps <= the cap).
+    // the tile stages and the tap tables (taps <= the cap; for the cp.async kernels the
+    // table of `split_k` entries), and the cp.async kernels run only where
+    // `async_declines` found a dense [k, c, r, s] filter, an unpadded 1-tap depth dim and
+    // h, w extents within the table's 15-bit taps (the padding checks rely on them).
     unsafe {
         call.gpu
             .launch(kernel, cfg, &params, &[x, w, y_ptr, bias, z, ws])?
@@ -338,6 +535,68 @@ pub(super) fn launch(call: &Call, y: &mut Buffer) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        convolution_forward_output_dims, ConvEpilogue, ConvMode, ConvolutionDescriptor,
+        FilterDescriptor, FilterLayout, Handle, Layout, MathType, TensorDescriptor,
+    };
+
+    /// An f32 2-D problem: `(n, c, k, [h, w])`, square filter, pad, stride, groups, layout.
+    fn problem(
+        (n, c, k, hw): (usize, usize, usize, [usize; 2]),
+        (f, pad, stride, groups): (usize, usize, usize, usize),
+        layout: Layout,
+    ) -> Problem {
+        let conv = ConvolutionDescriptor::new(
+            &[pad; 2],
+            &[stride; 2],
+            &[1; 2],
+            ConvMode::Convolution,
+            MathType::Fma,
+        )
+        .unwrap()
+        .with_groups(groups)
+        .unwrap();
+        let fl = match layout {
+            Layout::ChannelsLast => FilterLayout::Krsc,
+            _ => FilterLayout::Kcrs,
+        };
+        let x = TensorDescriptor::spatial(DataType::F32, n, c, &hw, layout).unwrap();
+        let w = FilterDescriptor::new(DataType::F32, fl, k, c / groups, &[f, f]).unwrap();
+        let yd = convolution_forward_output_dims(&conv, &x, &w).unwrap();
+        let y = TensorDescriptor::spatial(DataType::F32, yd[0], yd[1], &yd[2..], layout).unwrap();
+        Problem::new(&Handle::cpu(), &x, &w, &conv, &y, &ConvEpilogue::default()).unwrap()
+    }
+
+    /// NCHW with KCRS filters (every ResNet-50 layer's f32 configuration) runs on the
+    /// `cp.async` core, `_p` exactly for unpadded 1x1s; channels-last x, KRSC filters and
+    /// 3x3s with 2^15 input columns stay on the gather core, with a reason.
+    #[test]
+    fn async_core_takes_channels_first_dense_filters() {
+        let nchw = Layout::ChannelsFirst;
+        for (dims, geo, pointwise) in [
+            ((32, 3, 64, [224, 224]), (7, 3, 2, 1), false),
+            ((32, 64, 64, [56, 56]), (3, 1, 1, 1), false),
+            ((32, 256, 512, [56, 56]), (1, 0, 2, 1), true),
+            ((32, 512, 2048, [7, 7]), (1, 0, 1, 1), true),
+            ((2, 130, 129, [6, 5]), (1, 1, 1, 1), false),
+            ((2, 12, 18, [8, 7]), (3, 1, 1, 3), false),
+        ] {
+            let p = problem(dims, geo, nchw);
+            assert_eq!(async_declines(&p), None, "{dims:?} {geo:?}");
+            let plan = plan(&p, DEFAULT_SM_COUNT).unwrap();
+            assert_eq!(plan.core, Core::Async { pointwise }, "{dims:?} {geo:?}");
+            assert!(plan.kp && (pointwise || plan.split_k <= CONV_IGEMM_ASYNC_MAX_K));
+            let name = plan.kernel_name();
+            assert!(crate::kernels::lookup(&name).is_some(), "{name}");
+        }
+        for p in [
+            problem((2, 64, 64, [14, 14]), (3, 1, 1, 1), Layout::ChannelsLast),
+            problem((1, 4, 4, [3, 1 << 15]), (3, 1, 1, 1), nchw),
+        ] {
+            assert!(async_declines(&p).is_some());
+            assert_eq!(plan(&p, DEFAULT_SM_COUNT).unwrap().core, Core::Gather);
+        }
+    }
 
     /// Partitions are whole K tiles, none empty, the last one taking the remainder.
     #[test]
