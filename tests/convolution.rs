@@ -3084,13 +3084,16 @@ fn time_gemm1x1_short_k() {
 /// A strided 1x1 convolution over channels-last x (one short pixel run per output row)
 /// runs as one matmul over x's sampled pixels packed into the workspace: exact on
 /// integers with a bias, a residual, beta and relu, for every dtype, odd sizes, both
-/// strides even and not; its workspace is the packed pixels, and a short one is refused.
+/// strides even and not, pixels of whole 16-byte chunks (packed chunk by chunk) and not
+/// (12 f16 channels: element by element); its workspace is the packed pixels, and a
+/// short one is refused.
 #[test]
 fn gemm1x1_packs_strided_pixels_into_the_workspace() {
     use DataType::{BF16, F16, F32};
     for h in handles() {
         for (i, (dt, math, dims, stride)) in [
             (F16, MathType::TensorOp, (3, 24, 40, [15, 15]), 2),
+            (F16, MathType::TensorOp, (2, 12, 16, [11, 11]), 2),
             (BF16, MathType::TensorOp, (2, 64, 72, [28, 28]), 2),
             (F32, MathType::Fma, (2, 16, 24, [13, 9]), 3),
             (F32, MathType::Tf32, (1, 32, 8, [9, 17]), 2),

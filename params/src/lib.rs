@@ -258,6 +258,18 @@ pub struct TransformParams {
     pub map: IndexMap<2>,
 }
 
+/// Parameters of `transform_rows_v4`: a gather of `len / chunks` rows of `chunks` 16-byte
+/// chunks each into a packed destination (row `r`, chunk `j` to chunk `r * chunks + j`),
+/// row `r` starting `rows.offsets(r)[0]` chunks into the source.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RowGatherParams {
+    /// Chunks in all (below 2^32).
+    pub len: u64,
+    pub chunks: FastDivisor,
+    pub rows: IndexMap<1>,
+}
+
 /// Parameters of `transpose_*`: a [`TransformParams`] whose source and destination have
 /// different unit-stride dims. A block moves a `TRANSPOSE_TILE`² tile through shared
 /// memory so that both the loads (along `x`'s unit-stride dim, `a`) and the stores (along

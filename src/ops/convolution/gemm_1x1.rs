@@ -6,18 +6,22 @@
 //!
 //! Where x's sampled pixels do not form such runs (a strided 1x1 over NHWC: one short run
 //! per output row) but y's do, the sampled pixels are first packed into the workspace,
-//! channels contiguous (a strided copy reading a quarter of x at stride 2), and the
-//! matmul reads them from there at full tiles.
+//! channels contiguous (a strided copy reading a quarter of x at stride 2; 16-byte chunks
+//! where the channels allow, [`chunk_gather`]), and the matmul reads them from there at
+//! full tiles.
 
 use super::{Call, Problem};
 use crate::buffer::Buffer;
 use crate::descriptor::TensorDescriptor;
 use crate::dtype::DataType;
 use crate::error::Result;
+use crate::kernels;
+use crate::launch::LaunchConfig;
 use crate::ops::matmul::{
     matmul, matmul_staged_a, BiasMode, MathType, MatmulBias, MatmulDescriptor, MatmulEpilogue,
 };
 use crate::ops::tensor_ops::transform_on_gpu;
+use oxidnn_params::{FastDivisor, IndexMap, RowGatherParams};
 
 /// The shortest pixel run worth a batched matmul (a 64-row tile).
 const MIN_BATCHED_ROWS: usize = 64;
@@ -169,6 +173,42 @@ fn staging_descriptors(p: &Problem) -> Result<(TensorDescriptor, TensorDescripto
     Ok((from, to))
 }
 
+/// Threads of the chunk gather: enough to fill an H100 several times over; each strides on.
+const CHUNK_GATHER_THREADS: u64 = 1 << 20;
+
+/// The packing as a gather of 16-byte chunks (`transform_rows_v4`: one load and store per
+/// chunk instead of per element), where x's channels are contiguous and each pixel's
+/// channels, every pixel stride and both addresses are whole 16-byte chunks; `None`
+/// sends the packing to the element-wise transform.
+fn chunk_gather(p: &Problem, x: u64, workspace: u64) -> Option<RowGatherParams> {
+    const CHUNK: usize = 16;
+    let bytes = p.dtype.size_bytes();
+    let row = p.geo.c as usize * bytes;
+    let strides = x_pixel_strides(p, false).map(|s| s * bytes);
+    let whole = |v: usize| v.is_multiple_of(CHUNK);
+    let aligned = x.is_multiple_of(CHUNK as u64) && workspace.is_multiple_of(CHUNK as u64);
+    if p.geo.x[1] != 1 || !whole(row) || !strides.iter().all(|&s| whole(s)) || !aligned {
+        return None;
+    }
+    let extents = pixel_extents(p);
+    let chunks = row / CHUNK;
+    let len = extents.iter().product::<usize>() * chunks;
+    if len > u32::MAX as usize {
+        return None;
+    }
+    let mut rows = IndexMap::<1>::default();
+    rows.rank = extents.len() as u32;
+    for (d, (&e, &s)) in extents.iter().zip(&strides).enumerate() {
+        rows.dims[d] = FastDivisor::new(e as u32);
+        rows.strides[0][d] = (s / CHUNK) as u64;
+    }
+    Some(RowGatherParams {
+        len: len as u64,
+        chunks: FastDivisor::new(chunks as u32),
+        rows,
+    })
+}
+
 /// Packs x's sampled pixels into the workspace ([`staging_descriptors`]).
 fn stage_x(call: &Call) -> Result<()> {
     let p = call.p;
@@ -178,6 +218,20 @@ fn stage_x(call: &Call) -> Result<()> {
             required_bytes: workspace_bytes(p),
             got_bytes: call.ptrs.workspace_bytes,
         });
+    }
+    if let Some(params) = chunk_gather(p, call.ptrs.x, call.ptrs.workspace) {
+        let cfg = LaunchConfig::for_threads(params.len.min(CHUNK_GATHER_THREADS), 256)?;
+        // SAFETY: as below: `params` names x's sampled pixels (whole rows of channels,
+        // contiguous in x) in 16-byte chunks and the packed rows of the workspace, `len`
+        // chunks = `workspace_bytes / 16`; both addresses are 16-byte aligned.
+        return unsafe {
+            call.gpu.launch(
+                kernels::TRANSFORM_ROWS_V4,
+                cfg,
+                &params,
+                &[call.ptrs.x, call.ptrs.workspace],
+            )
+        };
     }
     // SAFETY: `from` reaches exactly x's sampled elements (the problem's geometry was
     // checked against x's descriptor and buffer); `to` is packed and its span, checked
