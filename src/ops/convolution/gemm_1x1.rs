@@ -196,8 +196,10 @@ fn chunk_gather(p: &Problem, x: u64, workspace: u64) -> Option<RowGatherParams> 
     if len > u32::MAX as usize {
         return None;
     }
-    let mut rows = IndexMap::<1>::default();
-    rows.rank = extents.len() as u32;
+    let mut rows = IndexMap::<1> {
+        rank: extents.len() as u32,
+        ..Default::default()
+    };
     for (d, (&e, &s)) in extents.iter().zip(&strides).enumerate() {
         rows.dims[d] = FastDivisor::new(e as u32);
         rows.strides[0][d] = (s / CHUNK) as u64;
