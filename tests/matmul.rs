@@ -636,22 +636,8 @@ fn heuristic_and_find_rank_the_supported_algorithms() {
             (DataType::BF16, MatmulMath::TensorOp, 128),
         ] {
             let c = Case {
-                input,
-                output: input,
-                math,
-                algo: None,
-                m: 300,
-                n: 200,
-                k,
-                batch: None,
-                broadcast: (false, false),
-                col_major: (false, false, false),
-                pads: (0, 0, 0),
-                alpha: 1.0,
-                beta: 0.0,
                 activation: ActivationDescriptor::relu(),
-                bias: BiasMode::None,
-                residual: None,
+                ..Case::plain((input, input, math), None, (300, 200, k))
             };
             let mut r = rng(5);
             let mut p = prepare(h, &c, &mut |d| random(d, -1.0, 1.0, &mut r));
