@@ -4,7 +4,7 @@
 
 use crate::buffer::{Buffer, Memory};
 use crate::error::{Error, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
@@ -51,6 +51,15 @@ pub(crate) struct Gpu {
     /// Each function used so far, with the dynamic shared memory it has been allowed.
     functions: Mutex<HashMap<&'static str, (Function, u32)>>,
     pub(crate) sm_count: u32,
+    /// Shared memory of one SM, and the most of it one block may use (dynamic and
+    /// reserved together: each block also takes `shared_reserved_per_block`).
+    pub(crate) shared_per_sm: u32,
+    pub(crate) shared_per_block_optin: u32,
+    pub(crate) shared_reserved_per_block: u32,
+    /// The state of the kernels' grid barriers (`device::grid_barrier`): two words,
+    /// zeroed when allocated (on first use); every such launch leaves them ready for the
+    /// next, and the stream orders the launches.
+    grid_barrier: Mutex<Option<CudaSlice<u32>>>,
     /// Compute capability, (major, minor).
     pub(crate) compute_capability: (u32, u32),
     pub(crate) name: String,
@@ -124,12 +133,22 @@ impl Gpu {
             attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        use sys::CUdevice_attribute as A;
+        let shared_per_sm = attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?;
+        let shared_per_block_optin =
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let shared_reserved_per_block =
+            attribute(A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?;
         Ok(Self {
             ctx,
             stream,
             modules: Mutex::new(vec![None; modules::MODULES.len()]),
             functions: Mutex::new(HashMap::new()),
             sm_count,
+            shared_per_sm,
+            shared_per_block_optin,
+            shared_reserved_per_block,
+            grid_barrier: Mutex::new(None),
             compute_capability,
             name,
         })
@@ -271,7 +290,44 @@ impl Gpu {
         for p in pointers {
             slots.push(p as *const u64 as *mut c_void);
         }
-        self.launch_slots(kernel, f, cfg, &mut slots)
+        self.launch_slots(kernel, f, cfg, &mut slots, false)
+    }
+
+    /// [`Self::launch`] as a cooperative launch (cuLaunchCooperativeKernel): every block
+    /// of the grid is resident at once, or the launch fails; the kernels that need it
+    /// synchronize the grid with `device::grid_barrier` on [`Self::grid_barrier`].
+    ///
+    /// # Safety
+    /// As [`Self::launch`].
+    pub(crate) unsafe fn launch_cooperative<P: Copy>(
+        &self,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        params: &P,
+        pointers: &[u64],
+    ) -> Result<()> {
+        let f = self.function(kernel, cfg.shared_bytes)?;
+        let mut slots: Vec<*mut c_void> = Vec::with_capacity(1 + pointers.len());
+        slots.push(params as *const P as *mut c_void);
+        for p in pointers {
+            slots.push(p as *const u64 as *mut c_void);
+        }
+        self.launch_slots(kernel, f, cfg, &mut slots, true)
+    }
+
+    /// The device address of the grid-barrier state (see the field).
+    pub(crate) fn grid_barrier(&self) -> Result<u64> {
+        let mut state = self.grid_barrier.lock().unwrap_or_else(|p| p.into_inner());
+        if state.is_none() {
+            let zeroed = self
+                .stream
+                .alloc_zeros::<u32>(2)
+                .map_err(|e| Error::driver("cuMemAllocAsync", e))?;
+            *state = Some(zeroed);
+        }
+        let words = state.as_ref().expect("allocated above");
+        let address = words.device_ptr(&self.stream).0;
+        Ok(address)
     }
 
     /// Launches `kernel(params, pointers.., last)` on the handle's stream: [`Self::launch`]
@@ -296,16 +352,18 @@ impl Gpu {
             slots.push(p as *const u64 as *mut c_void);
         }
         slots.push(last as *const T as *mut c_void);
-        self.launch_slots(kernel, f, cfg, &mut slots)
+        self.launch_slots(kernel, f, cfg, &mut slots, false)
     }
 
-    /// Launches `f` with the parameter slots `slots` (a pointer to each parameter's value).
+    /// Launches `f` with the parameter slots `slots` (a pointer to each parameter's value),
+    /// as a cooperative launch or not.
     fn launch_slots(
         &self,
         kernel: &'static str,
         f: Function,
         cfg: LaunchConfig,
         slots: &mut [*mut c_void],
+        cooperative: bool,
     ) -> Result<()> {
         self.ctx
             .bind_to_thread()
@@ -313,7 +371,12 @@ impl Gpu {
         // SAFETY: `slots` holds a pointer to a live value for each of the kernel's
         // parameters, in order and of their types (the callers' contracts).
         unsafe {
-            result::launch_kernel(
+            let launch = if cooperative {
+                result::launch_cooperative_kernel
+            } else {
+                result::launch_kernel
+            };
+            launch(
                 f.0,
                 (cfg.grid, cfg.grid_y, 1),
                 (cfg.block, 1, 1),

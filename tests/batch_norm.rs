@@ -912,6 +912,47 @@ fn gpu_one_launch_training_of_many_short_channels() {
     });
 }
 
+/// NHWC training in one cooperative launch that keeps each block's first rows in shared
+/// memory: 26-51 MB tensors (half stays on chip, the rest is read twice) and 6 MB ones
+/// (all on chip), forward and backward, plain and fused with add + relu, blended outputs.
+/// (`OXIDNN_BN_RESIDENT=0` runs the whole suite on the three-launch path instead, `=1` on
+/// the resident kernels wherever they can run.)
+#[test]
+fn gpu_resident_training_on_and_off_chip() {
+    with_gpu("gpu_resident_training_on_and_off_chip", |h| {
+        for (dims, dt) in [
+            ([32, 64, 112, 112], DataType::F16),
+            ([8, 64, 112, 112], DataType::F32),
+            ([2, 2048, 24, 32], DataType::BF16),
+        ] {
+            let [n, c, hh, w] = dims;
+            let x = TensorDescriptor::nchw_with(dt, n, c, hh, w, Layout::ChannelsLast).unwrap();
+            let p = Problem::dense(BatchNormMode::Spatial, x);
+            for (ops, blend) in [
+                (BatchNormOps::Bn, (1.0, 0.0)),
+                (BatchNormOps::BnAddActivation, (0.75, 0.5)),
+            ] {
+                let t = Training {
+                    ops,
+                    alpha_beta: blend,
+                    factor: Some(0.25),
+                    epsilon: 1e-5,
+                    saved: true,
+                };
+                check_forward_training(h, &p, t, 31);
+                let b = Backward {
+                    ops,
+                    data: blend,
+                    param: (0.5, 0.25),
+                    epsilon: 1e-5,
+                    saved: true,
+                };
+                check_backward(h, &p, b, 32);
+            }
+        }
+    });
+}
+
 /// Per-activation mode on 4-D and 5-D tensors in both layouts.
 #[test]
 fn gpu_per_activation_mode_in_every_layout() {

@@ -34,16 +34,16 @@
 
 use crate::activation::{blend, forward as activation};
 use crate::device::{
-    self, block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x,
-    lane_id, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id,
-    SharedF32, Vec16,
+    self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
+    dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, lane_id, ld_shared_v4, shfl_xor_f32,
+    shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormStatsParams,
-    BN_BLOCK_WARPS,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormResidentParams,
+    BatchNormStatsParams, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
 };
 
 /// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
@@ -312,12 +312,12 @@ impl Work {
     }
 }
 
-/// `first + last` of a thread's work: [`visited`] then maps the work's indices onto
+/// `first + last` of a thread's range of work (`first, end, step`): [`visited`] then maps the work's indices onto
 /// themselves, last first. 0 (no reversal) when the work is empty or the one index 0.
-fn mirror_of(w: &Work) -> u32 {
-    if w.end > w.first {
-        let last = w.first + (w.end - 1 - w.first) / w.step * w.step;
-        w.first + last
+fn mirror_of((first, end, step): (u32, u32, u32)) -> u32 {
+    if end > first {
+        let last = first + (end - 1 - first) / step * step;
+        first + last
     } else {
         0
     }
@@ -516,22 +516,34 @@ unsafe fn fwd_stats_cols<T: Element, const KV: usize>(
     let mut acc = Acc::<KV>::EMPTY;
     if w.active {
         let base = g.feat.offsets(w.f0)[X];
-        visit::<FWD_UNROLL, Vec16, _>(
-            w.range(),
-            &mut acc,
-            #[inline(always)]
-            |r| load_raw::<T, KV>(x, base + g.red.offsets(r)[X], true),
-            #[inline(always)]
-            |acc, _, v| {
-                let (mean, m2) = column_moments(&v.map(unpack::<T, KV>));
-                acc.absorb(FWD_UNROLL as f32, mean, m2);
-            },
-            #[inline(always)]
-            |acc, _, v| acc.absorb(1.0, unpack::<T, KV>(v), [0.0; KV]),
-        );
+        absorb_cols::<T, KV, FWD_UNROLL>(w.range(), &mut acc, |r| {
+            load_raw::<T, KV>(x, base + g.red.offsets(r)[X], true)
+        });
     }
     let total = cols_reduce(g, acc, merge_moments);
     write_cols_partials(g, &w, total, partials);
+}
+
+/// Absorbs into `acc` the moments of the vectors `load(r)` of a cols thread's rows `r` in
+/// `range` (`first, end, step`), `UN` loads at a time (1 for shared memory: less code).
+#[inline(always)]
+fn absorb_cols<T: Element, const KV: usize, const UN: usize>(
+    range: (u32, u32, u32),
+    acc: &mut Acc<KV>,
+    load: impl Fn(u32) -> Vec16,
+) {
+    visit::<UN, Vec16, _>(
+        range,
+        acc,
+        load,
+        #[inline(always)]
+        |acc, _, v| {
+            let (mean, m2) = column_moments(&v.map(unpack::<T, KV>));
+            acc.absorb(UN as f32, mean, m2);
+        },
+        #[inline(always)]
+        |acc, _, v| acc.absorb(1.0, unpack::<T, KV>(v), [0.0; KV]),
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -792,10 +804,8 @@ impl Total {
     }
 }
 
-/// The warp of feature `f` merges the feature's partials: lane `l` takes chunks `l, l+32,
-/// ..` in order (loaded four at a time), then a butterfly; lane 0's result is returned to
-/// lane 0 (the others' differ in rounding and are not used). `None` for warps past the
-/// last feature.
+/// The launch's warp `w` (global thread / 32) takes feature `w` ([`feature_total`]);
+/// `None` for warps past the last feature.
 #[inline(always)]
 unsafe fn warp_total(
     features: u32,
@@ -807,6 +817,23 @@ unsafe fn warp_total(
     if f >= features {
         return None;
     }
+    Some((f, feature_total(f, features, chunks, partials, merge)))
+}
+
+/// The calling warp merges feature `f`'s partials: lane `l` takes chunks `l, l+32, ..` in
+/// order (loaded four at a time), then a butterfly; lane 0's result is returned to lane 0
+/// (the others' differ in rounding and are not used).
+///
+/// # Safety
+/// `partials` holds `chunks * features` entries; the whole warp calls it, converged.
+#[inline(always)]
+unsafe fn feature_total(
+    f: u32,
+    features: u32,
+    chunks: u32,
+    partials: *const BatchNormPartial,
+    merge: impl Fn(Total, Total) -> Total,
+) -> Total {
     let mut t = Total {
         n: 0.0,
         a: 0.0,
@@ -836,7 +863,7 @@ unsafe fn warp_total(
         t = merge(t, t.shfl(mask));
         mask >>= 1;
     }
-    Some((f, t))
+    t
 }
 
 /// `alpha * v + beta * old` in f64, reading `old` only when `beta != 0`.
@@ -1076,49 +1103,66 @@ unsafe fn fwd_one<T: Element, const KV: usize>(
     store_last::<T, KV>(io.y, o[Y], out);
 }
 
-/// Loads [`FwdLoad`] at offsets `o`.
+/// The residual `z` at offsets `o` (with `ADD`; zeros otherwise).
 ///
 /// # Safety
-/// As [`load_raw`] for `x` and (with `ADD`) `z`.
+/// As [`load_raw`] for `z` (with `ADD`).
 #[inline(always)]
-unsafe fn load_fwd<T: Element, const KV: usize>(
+unsafe fn load_z<T: Element, const KV: usize>(
     p: &BatchNormApplyParams,
     io: FwdIo<T>,
     o: [u64; 6],
-) -> FwdLoad {
-    let z = if p.flags & bn_flags::ADD != 0 {
+) -> Vec16 {
+    if p.flags & bn_flags::ADD != 0 {
         load_last::<T, KV>(io.z, o[Z_OR_DY])
     } else {
         [0; 4]
-    };
-    [load_last::<T, KV>(io.x, o[X]), z]
+    }
 }
 
-/// The forward apply pass over one thread's work: vector `i` at `base + red(i * mul)`,
-/// visited in order, or last to first with a nonzero `mirror` ([`mirror_of`]).
+/// The apply passes' `x` of vector `(i, offsets)`: read from memory, for the last time.
+///
+/// # Safety
+/// Every call reads `x` at the offsets, as [`load_raw`].
+#[inline(always)]
+unsafe fn x_from_memory<T: Element, const KV: usize>(
+    io: FwdIo<T>,
+) -> impl Fn(u32, [u64; 6]) -> Vec16 {
+    move |_, o| load_last::<T, KV>(io.x, o[X])
+}
+
+/// The forward apply pass over the vectors `i` of `range` (`first, end, step`): vector `i`
+/// at `base + red(i * mul)`, visited in order, or last to first with a nonzero `mirror`
+/// ([`mirror_of`]); `x` of the vector visited as `i` is `load_x(i, offsets)`. `UN`
+/// vectors at a time (1 for shared memory: less code, and no memory latency to cover).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn fwd_apply<T: Element, const KV: usize>(
+unsafe fn fwd_apply<T: Element, const KV: usize, const UN: usize>(
     p: &BatchNormApplyParams,
     io: FwdIo<T>,
-    w: &Work,
+    range: (u32, u32, u32),
     mirror: u32,
     base: [u64; 6],
     mul: u32,
     c: &[[f32; 3]; KV],
+    load_x: impl Fn(u32, [u64; 6]) -> Vec16,
 ) {
     let g = &p.geo;
     let at = #[inline(always)]
     |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
-    visit::<FWD_UNROLL, FwdLoad, _>(
-        w.range(),
+    let step = range.2;
+    visit::<UN, FwdLoad, _>(
+        range,
         &mut (),
         #[inline(always)]
-        |i| load_fwd::<T, KV>(p, io, at(i)),
+        |i| {
+            let o = at(i);
+            [load_x(visited(mirror, i), o), load_z::<T, KV>(p, io, o)]
+        },
         #[inline(always)]
         |_, i, v| {
-            crate::unrolled!(u in FWD_UNROLL => {
-                fwd_one::<T, KV>(p, io, c, at(i + u as u32 * w.step), v[u])
+            crate::unrolled!(u in UN => {
+                fwd_one::<T, KV>(p, io, c, at(i + u as u32 * step), v[u])
             });
         },
         #[inline(always)]
@@ -1141,7 +1185,8 @@ unsafe fn fwd_apply_rows<T: Element, const KV: usize>(
     let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
     let base = g.feat.offsets(w.f0);
     let c = [fwd_coef(p, w.f0, coef, scale, bias, mean, var); KV];
-    fwd_apply::<T, KV>(p, io, &w, 0, base, KV as u32, &c);
+    let load_x = x_from_memory::<T, KV>(io);
+    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, KV as u32, &c, load_x);
 }
 
 #[inline(always)]
@@ -1162,7 +1207,8 @@ unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
     }
     let c: [[f32; 3]; KV] =
         core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var));
-    fwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), 1, &c);
+    let load_x = x_from_memory::<T, KV>(io);
+    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, g.feat.offsets(w.f0), 1, &c, load_x);
 }
 
 /// The pointers of a backward apply pass.
@@ -1213,32 +1259,35 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
     }
 }
 
-/// The backward apply pass over one thread's work: vector `i` at `base + red(i * mul)`,
-/// visited in order, or last to first with a nonzero `mirror` ([`mirror_of`]).
+/// The backward apply pass over the vectors `i` of `range` (`first, end, step`): vector
+/// `i` at `base + red(i * mul)`, visited in order, or last to first with a nonzero
+/// `mirror` ([`mirror_of`]); the inputs of the vector visited as `i` are
+/// `load(i, offsets)`; `UN` vectors at a time.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn bwd_apply<T: Element, const KV: usize>(
+unsafe fn bwd_apply<T: Element, const KV: usize, const UN: usize>(
     p: &BatchNormApplyParams,
     io: BwdIo<T>,
-    w: &Work,
+    range: (u32, u32, u32),
     mirror: u32,
     base: [u64; 6],
     mul: u32,
     c: &[[f32; 4]; KV],
+    load: impl Fn(u32, [u64; 6]) -> BwdLoad,
 ) {
     let g = &p.geo;
-    let relu = p.flags & bn_flags::RELU != 0;
     let at = #[inline(always)]
     |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
-    visit::<BWD_UNROLL, BwdLoad, _>(
-        w.range(),
+    let step = range.2;
+    visit::<UN, BwdLoad, _>(
+        range,
         &mut (),
         #[inline(always)]
-        |i| load_bwd::<T, KV>(relu, true, io.x, io.y, io.dy, at(i)),
+        |i| load(visited(mirror, i), at(i)),
         #[inline(always)]
         |_, i, v| {
-            crate::unrolled!(u in BWD_UNROLL => {
-                bwd_one::<T, KV>(p, io, c, at(i + u as u32 * w.step), v[u])
+            crate::unrolled!(u in UN => {
+                bwd_one::<T, KV>(p, io, c, at(i + u as u32 * step), v[u])
             });
         },
         #[inline(always)]
@@ -1255,7 +1304,17 @@ unsafe fn bwd_apply_rows<T: Element, const KV: usize>(
     let g = &p.geo;
     let w = rows_work(g, grid_dim_x() - 1 - block_idx_x());
     let c = [(*coef.add(w.f0 as usize)).0; KV];
-    bwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), KV as u32, &c);
+    let load = bwd_from_memory::<T, KV>(p, io);
+    bwd_apply::<T, KV, BWD_UNROLL>(
+        p,
+        io,
+        w.range(),
+        0,
+        g.feat.offsets(w.f0),
+        KV as u32,
+        &c,
+        load,
+    );
 }
 
 #[inline(always)]
@@ -1270,7 +1329,22 @@ unsafe fn bwd_apply_cols<T: Element, const KV: usize>(
         return;
     }
     let c: [[f32; 4]; KV] = core::array::from_fn(|e| (*coef.add(w.f0 as usize + e)).0);
-    bwd_apply::<T, KV>(p, io, &w, 0, g.feat.offsets(w.f0), 1, &c);
+    let load = bwd_from_memory::<T, KV>(p, io);
+    bwd_apply::<T, KV, BWD_UNROLL>(p, io, w.range(), 0, g.feat.offsets(w.f0), 1, &c, load);
+}
+
+/// The backward apply passes' inputs of vector `(i, offsets)`: read from memory, for the
+/// last time.
+///
+/// # Safety
+/// Every call reads `x`, `dy` and (behind a relu) `y` at the offsets, as [`load_raw`].
+#[inline(always)]
+unsafe fn bwd_from_memory<T: Element, const KV: usize>(
+    p: &BatchNormApplyParams,
+    io: BwdIo<T>,
+) -> impl Fn(u32, [u64; 6]) -> BwdLoad {
+    let relu = p.flags & bn_flags::RELU != 0;
+    move |_, o| load_bwd::<T, KV>(relu, true, io.x, io.y, io.dy, o)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1292,7 +1366,17 @@ unsafe fn fwd_fused_rows<T: Element, const KV: usize>(
     let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
     let base = g.feat.offsets(w.f0);
     let c = [[c[0], c[2], c[3]]; KV];
-    fwd_apply::<T, KV>(&p.apply, io, &w, mirror_of(&w), base, KV as u32, &c);
+    let load_x = x_from_memory::<T, KV>(io);
+    fwd_apply::<T, KV, FWD_UNROLL>(
+        &p.apply,
+        io,
+        w.range(),
+        mirror_of(w.range()),
+        base,
+        KV as u32,
+        &c,
+        load_x,
+    );
 }
 
 #[inline(always)]
@@ -1317,7 +1401,250 @@ unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
     let t = Total::of(&total);
     let c = bwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
     let base = g.feat.offsets(w.f0);
-    bwd_apply::<T, KV>(&p.apply, io, &w, mirror_of(&w), base, KV as u32, &[c; KV]);
+    let load = bwd_from_memory::<T, KV>(&p.apply, io);
+    let mirror = mirror_of(w.range());
+    bwd_apply::<T, KV, BWD_UNROLL>(
+        &p.apply,
+        io,
+        w.range(),
+        mirror,
+        base,
+        KV as u32,
+        &[c; KV],
+        load,
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Resident training forward (one cooperative launch, cols mapping)
+// ---------------------------------------------------------------------------------------
+
+/// Where a cols thread keeps its vectors of its chunk's first rows: in the block's dynamic
+/// shared memory after the reduction scratch ([`BatchNormResidentParams`]'s layout).
+struct Stash {
+    /// The shared address of the thread's vector of the chunk's first row.
+    base: u32,
+    /// The chunk's first row.
+    start: u32,
+    /// `log2` of the bytes from one row to the next (`16 * tile_vectors`).
+    row_log2: u32,
+}
+
+impl Stash {
+    #[inline(always)]
+    fn of(g: &BatchNormGeometry, w: &Work) -> Self {
+        let vector_in_tile = thread_idx_x() & (g.tile_vectors - 1);
+        Stash {
+            base: dynamic_smem() + BN_COLS_SHARED_BYTES + 16 * vector_in_tile,
+            start: w.chunk * g.chunk_len,
+            row_log2: g.tile_vectors_log2 + 4,
+        }
+    }
+
+    /// The shared address of the thread's vector of row `r` (of its chunk).
+    #[inline(always)]
+    fn at(&self, r: u32) -> u32 {
+        self.base + ((r - self.start) << self.row_log2)
+    }
+}
+
+/// Coefficient `f` of the workspace, in one 16-byte load (not through the read-only
+/// path: the resident kernels write the coefficients earlier in the same launch).
+///
+/// # Safety
+/// `coef` is 16-byte aligned (the workspace's coefficient region is) and holds `f`.
+#[inline(always)]
+unsafe fn coef_of(coef: *const BatchNormCoef, f: u32) -> [f32; 4] {
+    device::ld_global_v4(coef.add(f as usize) as *const u32).map(f32::from_bits)
+}
+
+/// The training forward in one launch ([`BatchNormResidentParams`]): stats, grid barrier,
+/// finalize, grid barrier, apply. Each thread's first rows are copied to shared memory
+/// (`cp.async`, no registers held) while it reduces the rest straight from memory, so
+/// those rows are read from memory once.
+///
+/// # Safety
+/// As `batch_norm_fwd_resident_cols_*`.
+#[inline(always)]
+unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
+    p: &BatchNormResidentParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+    partials: *mut BatchNormPartial,
+    coef: *mut BatchNormCoef,
+    barrier: *mut u32,
+) {
+    let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
+    let g = &ap.geo;
+    let w = cols_work::<KV>(g, block_idx_x());
+    let stash = Stash::of(g, &w);
+    // The thread's rows kept on chip, and those read from memory twice (resident_rows is
+    // a multiple of the step, so both are progressions of the same step).
+    let kept = (
+        w.first,
+        core::cmp::min(w.end, w.first + p.resident_rows),
+        w.step,
+    );
+    let streamed = (w.first + p.resident_rows, w.end, w.step);
+    let base = g.feat.offsets(w.f0);
+    let x_at = |r: u32| base[X] + g.red.offsets(r)[X];
+    let mut acc = Acc::<KV>::EMPTY;
+    if w.active {
+        let mut r = kept.0;
+        while r < kept.1 {
+            // SAFETY: the stash slot lies in the launch's dynamic shared memory (the host
+            // sizes it for resident_rows rows); x's vector is 16 bytes, 16-byte aligned.
+            cp_async_16(stash.at(r), io.x.add(x_at(r) as usize) as *const u8, 16);
+            r += kept.2;
+        }
+        cp_async_commit();
+        absorb_cols::<T, KV, FWD_UNROLL>(streamed, &mut acc, |r| {
+            load_raw::<T, KV>(io.x, x_at(r), true)
+        });
+        cp_async_wait(0);
+        absorb_cols::<T, KV, 1>(kept, &mut acc, |r| ld_shared_v4(stash.at(r)));
+    }
+    let total = cols_reduce(g, acc, merge_moments);
+    write_cols_partials(g, &w, total, partials);
+    grid_barrier(barrier);
+    // The grid's warps finalize the features in turn.
+    let warps = block_dim_x() / 32;
+    let mut f = block_idx_x() * warps + warp_id();
+    while f < g.features {
+        let t = feature_total(f, g.features, g.chunks, partials, merge_total_moments);
+        if lane_id() == 0 {
+            *coef.add(f as usize) = fwd_feature(fp, f, t, out, true);
+        }
+        f += grid_dim_x() * warps;
+    }
+    grid_barrier(barrier);
+    if !w.active {
+        return;
+    }
+    let c: [[f32; 3]; KV] = core::array::from_fn(|e| {
+        let c = coef_of(coef, w.f0 + e as u32);
+        [c[0], c[2], c[3]]
+    });
+    let load_x = x_from_memory::<T, KV>(io);
+    fwd_apply::<T, KV, FWD_UNROLL>(ap, io, streamed, mirror_of(streamed), base, 1, &c, load_x);
+    let from_stash = |r: u32, _: [u64; 6]| ld_shared_v4(stash.at(r));
+    fwd_apply::<T, KV, 1>(ap, io, kept, 0, base, 1, &c, from_stash);
+}
+
+/// The backward training pass in one launch ([`BatchNormResidentParams`], backward): the
+/// gradient sums, grid barrier, finalize (with the saved statistics), grid barrier, apply.
+/// Each thread's first rows of `x`, `dy` and (behind a relu) `y` are copied to shared
+/// memory while it sums the rest straight from memory, so those rows are read once.
+///
+/// # Safety
+/// As `batch_norm_bwd_resident_cols_*`.
+#[inline(always)]
+unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
+    p: &BatchNormResidentParams,
+    io: BwdIo<T>,
+    out: &BwdStatsOut,
+    partials: *mut BatchNormPartial,
+    coef: *mut BatchNormCoef,
+    barrier: *mut u32,
+) {
+    let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
+    let g = &ap.geo;
+    let relu = ap.flags & bn_flags::RELU != 0;
+    let w = cols_work::<KV>(g, block_idx_x());
+    let stash = Stash::of(g, &w);
+    // The stashed operands' regions, in BwdLoad's order: x, dy, y (behind a relu).
+    let region = p.resident_rows << stash.row_log2;
+    let kept = (
+        w.first,
+        core::cmp::min(w.end, w.first + p.resident_rows),
+        w.step,
+    );
+    let streamed = (w.first + p.resident_rows, w.end, w.step);
+    let base = g.feat.offsets(w.f0);
+    let at = #[inline(always)]
+    |r: u32| plus(base, g.red.offsets(r));
+    let from_stash = #[inline(always)]
+    |r: u32, _: [u64; 6]| -> BwdLoad {
+        let s = stash.at(r);
+        let yv = if relu {
+            ld_shared_v4(s + 2 * region)
+        } else {
+            [0; 4]
+        };
+        [ld_shared_v4(s), ld_shared_v4(s + region), yv]
+    };
+    let mut acc = Acc::<KV>::EMPTY;
+    if w.active {
+        let mean: [f32; KV] = core::array::from_fn(|e| {
+            *out.saved_mean
+                .add(g.feat.offsets(w.f0 + e as u32)[PARAM] as usize)
+        });
+        let mut r = kept.0;
+        while r < kept.1 {
+            let (s, o) = (stash.at(r), at(r));
+            // SAFETY: the stash slots lie in the launch's dynamic shared memory (sized by
+            // the host for resident_rows rows of each stashed operand); each vector is 16
+            // bytes, 16-byte aligned.
+            cp_async_16(s, io.x.add(o[X] as usize) as *const u8, 16);
+            cp_async_16(s + region, io.dy.add(o[Z_OR_DY] as usize) as *const u8, 16);
+            if relu {
+                cp_async_16(s + 2 * region, io.y.add(o[Y] as usize) as *const u8, 16);
+            }
+            r += kept.2;
+        }
+        cp_async_commit();
+        let add = #[inline(always)]
+        |acc: &mut Acc<KV>, v: BwdLoad| {
+            let (gr, xv) = grads::<T, KV>(relu, v);
+            let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
+            acc.add_grads(1.0, gr, gx);
+        };
+        visit::<BWD_UNROLL, BwdLoad, _>(
+            streamed,
+            &mut acc,
+            #[inline(always)]
+            |r| load_bwd::<T, KV>(relu, false, io.x, io.y, io.dy, at(r)),
+            #[inline(always)]
+            |acc, _, v| crate::unrolled!(u in BWD_UNROLL => add(acc, v[u])),
+            #[inline(always)]
+            |acc, _, v| add(acc, v),
+        );
+        cp_async_wait(0);
+        let mut r = kept.0;
+        while r < kept.1 {
+            add(&mut acc, from_stash(r, [0; 6]));
+            r += kept.2;
+        }
+    }
+    let total = cols_reduce(g, acc, merge_sums);
+    write_cols_partials(g, &w, total, partials);
+    grid_barrier(barrier);
+    let warps = block_dim_x() / 32;
+    let mut f = block_idx_x() * warps + warp_id();
+    while f < g.features {
+        let t = feature_total(f, g.features, g.chunks, partials, merge_total_sums);
+        if lane_id() == 0 {
+            *coef.add(f as usize) = bwd_feature(fp, f, t, out, true);
+        }
+        f += grid_dim_x() * warps;
+    }
+    grid_barrier(barrier);
+    if !w.active {
+        return;
+    }
+    let c: [[f32; 4]; KV] = core::array::from_fn(|e| coef_of(coef, w.f0 + e as u32));
+    let from_memory = bwd_from_memory::<T, KV>(ap, io);
+    bwd_apply::<T, KV, BWD_UNROLL>(
+        ap,
+        io,
+        streamed,
+        mirror_of(streamed),
+        base,
+        1,
+        &c,
+        from_memory,
+    );
+    bwd_apply::<T, KV, 1>(ap, io, kept, 0, base, 1, &c, from_stash);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1469,6 +1796,54 @@ macro_rules! batch_norm_entry_points {
 }
 
 crate::for_each_dtype!(batch_norm_entry_points);
+
+macro_rules! batch_norm_resident_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            /// # Safety
+            /// The pointers of the forward stats, finalize and apply kernels together (`z`
+            /// with `ADD`; `partials` holds `chunks * features` entries, `coef`
+            /// `features`); `barrier` as `device::grid_barrier` requires. A cooperative
+            /// launch of `tiles * chunks` blocks of `BN_BLOCK_THREADS` with
+            /// `BN_COLS_SHARED_BYTES + 16 * resident_rows * tile_vectors` bytes of dynamic
+            /// shared memory; 16-byte vectors (`geo.vector > 1`).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_resident_cols_ $dt>](
+                p: BatchNormResidentParams, x: *const $T, z: *const $T, y: *mut $T,
+                scale: *const f32, bias: *const f32, running_mean: *mut f32,
+                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+                partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, barrier: *mut u32,
+            ) {
+                let io = FwdIo { x, z, y };
+                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+                fwd_resident_cols::<$T, { 16 / size_of::<$T>() }>(&p, io, &out, partials, coef, barrier)
+            }
+
+            /// # Safety
+            /// The pointers of the backward stats, finalize and apply kernels together
+            /// (statistics from `saved_mean`, `saved_inv_std`; `y` with `RELU`, `dz` with
+            /// `ADD`; `partials` holds `chunks * features` entries, `coef` `features`);
+            /// `barrier` as `device::grid_barrier` requires. A cooperative launch as the
+            /// forward's, with `BN_COLS_SHARED_BYTES + 16 * resident_rows * tile_vectors *
+            /// s` bytes of dynamic shared memory, `s` = 3 with `RELU`, else 2.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_resident_cols_ $dt>](
+                p: BatchNormResidentParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
+                saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
+                partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, barrier: *mut u32,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz };
+                // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
+                let stats = saved_mean as *const BatchNormCoef;
+                let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
+                bwd_resident_cols::<$T, { 16 / size_of::<$T>() }>(&p, io, &out, partials, coef, barrier)
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(batch_norm_resident_entry_points);
 
 /// # Safety
 /// `partials` holds `chunks * features` entries of a forward stats pass; `coef` holds

@@ -987,6 +987,74 @@ pub fn thread_fence() {
     unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
 }
 
+/// A volatile (never cached, never elided) load of a global `u32`.
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into readable global memory.
+#[inline(always)]
+pub unsafe fn ld_volatile_u32(p: *const u32) -> u32 {
+    let v: u32;
+    asm!("ld.volatile.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p,
+         options(nostack, preserves_flags));
+    v
+}
+
+/// A load of a global `u32` with acquire semantics at GPU scope (never cached in L1).
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into readable global memory.
+#[inline(always)]
+pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
+    let v: u32;
+    asm!("ld.acquire.gpu.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p,
+         options(nostack, preserves_flags));
+    v
+}
+
+/// A volatile (never cached, never elided) store to a global `u32`.
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into writable global memory.
+#[inline(always)]
+pub unsafe fn st_volatile_u32(p: *mut u32, v: u32) {
+    asm!("st.volatile.global.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v,
+         options(nostack, preserves_flags));
+}
+
+/// A barrier across every block of the launch: no thread passes it before every thread of
+/// the grid has reached it, and the memory writes of all before it are visible to all
+/// after it.
+///
+/// `state` is two words, `[arrived, generation]`: each block's thread 0 notes the
+/// generation, arrives, and the last to arrive resets `arrived` to 0 and then advances the
+/// generation, which the others wait for. So `arrived` is 0 again whenever no barrier is
+/// in progress, and one state serves any number of barriers and of launches in stream
+/// order.
+///
+/// # Safety
+/// Every block of the grid is resident at once (a cooperative launch) and calls it, every
+/// thread of each block in uniform control flow; `state` is global memory no concurrent
+/// launch uses, with `arrived == 0` when the launch starts.
+#[inline(always)]
+pub unsafe fn grid_barrier(state: *mut u32) {
+    sync_threads_divergent();
+    if thread_idx_x() == 0 {
+        let generation = ld_volatile_u32(state.add(1));
+        // Releases the block's writes (ordered before this thread's by the block barrier).
+        thread_fence();
+        if atomic_add_u32(state, 1) == grid_dim_x() * grid_dim_y() - 1 {
+            st_volatile_u32(state, 0);
+            thread_fence();
+            st_volatile_u32(state.add(1), generation.wrapping_add(1));
+        } else {
+            while ld_acquire_u32(state.add(1)) == generation {}
+        }
+        // Acquires every block's writes for this block's threads (the barrier below).
+        thread_fence();
+    }
+    sync_threads_divergent();
+}
+
 /// Stops the kernel with an error the host sees at the next synchronisation.
 #[inline(always)]
 pub fn trap() -> ! {

@@ -179,6 +179,28 @@ pub struct BatchNormFusedParams {
     pub finalize: BatchNormFinalizeParams,
 }
 
+/// Parameters of `batch_norm_fwd_resident_cols_*`: the whole training forward in one
+/// cooperative launch, for the cols mapping with 16-byte vectors, keeping as much of `x` on
+/// chip as fits so that it is read from memory once.
+///
+/// Blocks, threads and partials as in the cols stats kernels (geometry `fused.apply.geo`:
+/// `tiles * chunks` blocks of [`BN_BLOCK_THREADS`], all resident at once). Each block keeps
+/// the first `resident_rows` rows of its chunk (a multiple of the rows a block steps by,
+/// `BN_BLOCK_THREADS / tile_vectors`) in its dynamic shared memory, after the
+/// [`BN_COLS_SHARED_BYTES`] of its reduction scratch: row `l` of the chunk, feature vector
+/// `v` of the tile at `16 * (l * tile_vectors + v)`. Phases, separated by grid barriers:
+/// the stats (partials, as the stats kernel); the finalize (the grid's warps take the
+/// features in turn, as the finalize kernel, with `fused.finalize`; coefficients to the
+/// workspace); the apply (streamed rows last to first, then the resident rows).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchNormResidentParams {
+    pub fused: BatchNormFusedParams,
+    /// Rows of each chunk kept in shared memory.
+    pub resident_rows: u32,
+    pub _pad: [u32; 3],
+}
+
 /// A chunk's partial statistics of one feature, as the workspace holds them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

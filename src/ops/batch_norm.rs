@@ -14,7 +14,9 @@
 //! shape and device) without atomics. Statistics are Welford/Chan moments, accumulated in
 //! f32 and combined across chunks in f64. Where one chunk per feature fills the GPU (NCHW
 //! with many channels of short reductions), a block per feature reduces, finalizes and
-//! normalizes its feature in a single launch.
+//! normalizes its feature in a single launch. Channels-last problems run as one
+//! cooperative launch that keeps as much of the data in shared memory as fits (read from
+//! memory once), where that is at least a fifth of it (`docs/batch-norm-notes.md`).
 //!
 //! ```
 //! use oxidnn::*;
@@ -55,8 +57,8 @@ use crate::reference::batch_norm as reference;
 use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormFusedParams,
-    BatchNormGeometry, BatchNormPartial, BatchNormStatsParams, BN_BLOCK_THREADS,
-    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    BatchNormGeometry, BatchNormPartial, BatchNormResidentParams, BatchNormStatsParams,
+    BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -381,6 +383,158 @@ impl FusedPlan {
     }
 }
 
+/// The resident training plan ([`BatchNormResidentParams`], forward or backward): the
+/// cols geometry split into one chunk per block of a grid that is resident at once, each
+/// block keeping the first `resident_rows` rows of its chunk of each stashed operand in
+/// shared memory.
+struct ResidentPlan {
+    geo: BatchNormGeometry,
+    blocks: u32,
+    shared_bytes: u32,
+    resident_rows: u32,
+}
+
+impl ResidentPlan {
+    /// The kernel's parameters: the three-launch path's apply and finalize parameters,
+    /// on this plan's geometry and chunks.
+    fn params(
+        &self,
+        mut apply: BatchNormApplyParams,
+        mut finalize: BatchNormFinalizeParams,
+    ) -> BatchNormResidentParams {
+        apply.geo = self.geo;
+        finalize.chunks = self.geo.chunks;
+        BatchNormResidentParams {
+            fused: BatchNormFusedParams { apply, finalize },
+            resident_rows: self.resident_rows,
+            _pad: [0; 3],
+        }
+    }
+
+    fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid: self.blocks,
+            grid_y: 1,
+            block: BN_BLOCK_THREADS,
+            shared_bytes: self.shared_bytes,
+        }
+    }
+}
+
+/// The share of the data a resident plan must keep on chip to be taken over the
+/// three-launch path: the rest is read twice, by a launch of fewer threads per SM.
+/// (H100, f16 NHWC N = 32: a quarter on chip still gains 5-11% over three launches,
+/// backward 64x112x112 and 256x56x56; a sixth loses 3%, the fused backward 256x56x56.)
+const RESIDENT_MIN_SHARE: f64 = 0.2;
+
+/// `OXIDNN_BN_RESIDENT=0` never takes the resident training kernels, `=1` takes them
+/// wherever they can run, whatever share of the data stays on chip (for measurements and
+/// for testing both paths).
+fn resident_forced() -> Option<bool> {
+    match std::env::var("OXIDNN_BN_RESIDENT").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
+/// Shared memory of one SM, as a resident plan divides it (bytes).
+#[derive(Clone, Copy, Debug)]
+struct SharedMemory {
+    per_sm: usize,
+    per_block: usize,
+    reserved_per_block: usize,
+}
+
+impl SharedMemory {
+    fn of(gpu: &Gpu) -> Self {
+        Self {
+            per_sm: gpu.shared_per_sm as usize,
+            per_block: gpu.shared_per_block_optin as usize,
+            reserved_per_block: gpu.shared_reserved_per_block as usize,
+        }
+    }
+}
+
+/// The resident training kernel of the direction for `plan`, keeping `stashed` operands
+/// on chip, where it applies (checked against the kernel's occupancy at the chosen
+/// shared memory).
+fn plan_resident(
+    gpu: &Gpu,
+    (dtype, forward): (DataType, bool),
+    plan: &Plan,
+    occ: &Occupancy,
+    stashed: usize,
+) -> Result<Option<ResidentPlan>> {
+    let forced = resident_forced();
+    if forced == Some(false) {
+        return Ok(None);
+    }
+    let smem = SharedMemory::of(gpu);
+    let Some(resident) = resident_shape(plan, occ, smem, stashed, forced) else {
+        return Ok(None);
+    };
+    let per_sm = resident_with(
+        gpu,
+        resident_kernel(dtype, forward)?,
+        BN_BLOCK_THREADS,
+        resident.shared_bytes,
+    )?;
+    Ok((resident.blocks as usize <= per_sm * occ.sms).then_some(resident))
+}
+
+/// The resident plan's shape: cols mapping with 16-byte vectors, every feature tile given
+/// a chunk by a grid resident at once, `stashed` operands kept per row. Blocks per SM: the
+/// most (up to what registers allow, `occ.resident`) with which all the data stays on
+/// chip; if none, at most 2 (the largest stash that still streams with 512 threads per
+/// SM). `None` where it keeps less than [`RESIDENT_MIN_SHARE`] (unless `forced`).
+fn resident_shape(
+    plan: &Plan,
+    occ: &Occupancy,
+    smem: SharedMemory,
+    stashed: usize,
+    forced: Option<bool>,
+) -> Option<ResidentPlan> {
+    let g = plan.geo;
+    let (tiles, red_len) = (g.tiles as usize, g.red_len as usize);
+    if !plan.cols || g.vector == 1 || occ.resident == 0 || tiles > occ.sms * occ.resident {
+        return None;
+    }
+    let step = (BN_BLOCK_THREADS / g.tile_vectors) as usize;
+    let row_bytes = 16 * g.tile_vectors as usize * stashed;
+    // (rows per chunk, rows of it that fit on chip) with `b` blocks per SM.
+    let shape = |b: usize| {
+        let chunks = (b * occ.sms / tiles).max(1);
+        let chunk_len = red_len.div_ceil(chunks).next_multiple_of(step);
+        let dynamic = (smem.per_sm / b)
+            .min(smem.per_block)
+            .saturating_sub(smem.reserved_per_block + BN_COLS_SHARED_BYTES as usize);
+        (chunk_len, dynamic / row_bytes / step * step)
+    };
+    let b = (1..=occ.resident)
+        .rev()
+        .find(|&b| {
+            let (chunk_len, fit) = shape(b);
+            fit >= chunk_len
+        })
+        .unwrap_or(occ.resident.min(2));
+    let (chunk_len, fit) = shape(b);
+    let resident_rows = fit.min(chunk_len);
+    let mut geo = g;
+    geo.chunk_len = chunk_len as u32;
+    geo.chunks = red_len.div_ceil(chunk_len) as u32;
+    let share = (resident_rows * geo.chunks as usize).min(red_len) as f64 / red_len as f64;
+    if resident_rows == 0 || (share < RESIDENT_MIN_SHARE && forced != Some(true)) {
+        return None;
+    }
+    Some(ResidentPlan {
+        geo,
+        blocks: geo.tiles * geo.chunks,
+        shared_bytes: (BN_COLS_SHARED_BYTES as usize + resident_rows * row_bytes) as u32,
+        resident_rows: resident_rows as u32,
+    })
+}
+
 /// Logical dims of `x` that index features and that are reduced.
 fn split_dims(mode: BatchNormMode, rank: usize) -> (Vec<usize>, Vec<usize>) {
     match mode {
@@ -415,6 +569,12 @@ fn tile_vectors(vectors: usize) -> u32 {
     vectors.next_power_of_two().clamp(1, 32) as u32
 }
 
+/// Feature tiles of the cols mapping for `f` features in `k`-element vectors (assuming
+/// full vectors, so the count depends on the descriptor alone).
+fn cols_tiles(f: usize, k: usize) -> usize {
+    f.div_ceil(k).div_ceil(tile_vectors(f.div_ceil(k)) as usize)
+}
+
 /// Groups of loads (of `FWD_UNROLL` vectors or rows) every thread gets at least.
 const MIN_GROUPS_PER_THREAD: usize = 1;
 /// Rows every thread of a cols stats kernel gets at least: its block-wide reduction and
@@ -434,6 +594,9 @@ struct Occupancy {
     stats_threads: u32,
     apply: usize,
     apply_threads: u32,
+    /// Blocks of the resident training kernel of the direction per SM (registers
+    /// allowing; 0 where the problem cannot take it: rows mapping).
+    resident: usize,
 }
 
 impl Occupancy {
@@ -457,12 +620,19 @@ impl Occupancy {
             best_block(gpu, stats_kernel, 0)?
         };
         let (apply, apply_threads) = best_block(gpu, apply_kernel(cols, dtype, forward)?, 0)?;
+        let resident = if cols {
+            let kernel = resident_kernel(dtype, forward)?;
+            resident_with(gpu, kernel, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES)?
+        } else {
+            0
+        };
         Ok(Self {
             sms: gpu.sm_count.max(1) as usize,
             stats,
             stats_threads,
             apply,
             apply_threads,
+            resident,
         })
     }
 }
@@ -481,17 +651,17 @@ fn best_block(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<(usi
 }
 
 /// Blocks of `threads` threads with `shared_bytes` of dynamic shared memory of `kernel` one
-/// SM of `gpu` runs at once (cached per device, kernel and block size).
+/// SM of `gpu` runs at once (cached per device, kernel, block size and shared memory).
 fn resident_with(
     gpu: &Gpu,
     kernel: &'static str,
     threads: u32,
     shared_bytes: u32,
 ) -> Result<usize> {
-    type Cache = Mutex<HashMap<(String, &'static str, u32), usize>>;
+    type Cache = Mutex<HashMap<(String, &'static str, u32, u32), usize>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (gpu.name.clone(), kernel, threads);
+    let key = (gpu.name.clone(), kernel, threads, shared_bytes);
     if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(n);
     }
@@ -523,8 +693,7 @@ fn chunks_for(
     let threads = threads as usize;
     let (units, min_per_chunk) = if use_cols(mode, x_desc) {
         let tv = tile_vectors(f.div_ceil(k)) as usize;
-        let tiles = f.div_ceil(k).div_ceil(tv);
-        (tiles, (threads / tv).max(1) * min_rows)
+        (cols_tiles(f, k), (threads / tv).max(1) * min_rows)
     } else {
         let vectors = MIN_GROUPS_PER_THREAD * LOADS_PER_GROUP;
         (f, threads * vectors * k)
@@ -545,6 +714,13 @@ impl Occupancy {
     fn apply_chunks(&self, mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
         let shape = (self.sms, self.apply, self.apply_threads);
         chunks_for(mode, x_desc, shape, LOADS_PER_GROUP)
+    }
+
+    /// Chunks of the resident training kernel, at most (its partials' chunks).
+    fn resident_chunks(&self, mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
+        let f = x_desc.element_count() / reduction_len(mode, x_desc);
+        let tiles = cols_tiles(f, vector_elements(x_desc.dtype()));
+        self.sms * self.resident / tiles
     }
 
     /// Whether a problem takes the fused kernels: rows mapping, one chunk per feature.
@@ -569,7 +745,9 @@ fn workspace_layout(
     backward: bool,
 ) -> WorkspaceLayout {
     let f = x_desc.element_count() / reduction_len(mode, x_desc);
-    let chunks = occ.stats_chunks(mode, x_desc);
+    let chunks = occ
+        .stats_chunks(mode, x_desc)
+        .max(occ.resident_chunks(mode, x_desc));
     let partials = chunks * f * size_of::<BatchNormPartial>();
     let coef_bytes = f * size_of::<BatchNormCoef>();
     WorkspaceLayout {
@@ -726,6 +904,15 @@ fn stats_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static s
         (true, true) => kernels::batch_norm_fwd_stats_cols(dtype),
         (false, false) => kernels::batch_norm_bwd_stats_rows(dtype),
         (false, true) => kernels::batch_norm_bwd_stats_cols(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+fn resident_kernel(dtype: DataType, forward: bool) -> Result<&'static str> {
+    let k = if forward {
+        kernels::batch_norm_fwd_resident_cols(dtype)
+    } else {
+        kernels::batch_norm_bwd_resident_cols(dtype)
     };
     k.ok_or_else(|| unsupported_dtype(dtype))
 }
@@ -1015,6 +1202,39 @@ pub fn batch_norm_forward_training(
                     gpu.launch(
                         fused_kernel(dtype, true)?,
                         fused.config(),
+                        &params,
+                        &pointers,
+                    )
+                };
+            }
+            if let Some(resident) = plan_resident(gpu, (dtype, true), &plan, &occ, 1)? {
+                let mut fp = plan.finalize_params(flags, bn.epsilon);
+                fp.factor = factor;
+                let params = resident.params(apply_params(&plan, bn, alpha32, beta32, 0), fp);
+                let pointers = [
+                    x_ptr,
+                    z_ptr.unwrap_or(0),
+                    y_ptr,
+                    scale_ptr,
+                    bias_ptr,
+                    ptrs[0],
+                    ptrs[1],
+                    ptrs[2],
+                    ptrs[3],
+                    partials,
+                    coef,
+                    gpu.grid_barrier()?,
+                ];
+                // SAFETY: as for the stats, finalize and apply launches below together
+                // (the partials region holds resident_chunks * features >= chunks *
+                // features entries); the plan sized the grid to be resident at once (the
+                // cooperative launch fails otherwise) and the shared memory for
+                // resident_rows rows; the grid-barrier state is the handle's, ordered by
+                // its stream.
+                return unsafe {
+                    gpu.launch_cooperative(
+                        resident_kernel(dtype, true)?,
+                        resident.config(),
                         &params,
                         &pointers,
                     )
@@ -1384,6 +1604,47 @@ pub fn batch_norm_backward(
                     )
                 };
             }
+            // Saved statistics: the resident kernel where it keeps enough on chip (x, dy
+            // and, behind a relu, y).
+            let stashed = if bn.ops == BatchNormOps::Bn { 2 } else { 3 };
+            let resident = match saved {
+                Some(_) => plan_resident(gpu, (dtype, false), &plan, &occ, stashed)?,
+                None => None,
+            };
+            if let (Some(s), Some(resident)) = (saved, resident) {
+                let mut fp = plan.finalize_params(0, bn.epsilon);
+                fp.alpha = alpha_p;
+                fp.beta = beta_p;
+                let params = resident.params(apply_params(&plan, bn, alpha_d, beta_d, 0), fp);
+                let pointers = [
+                    x_ptr,
+                    y_ptr.unwrap_or(0),
+                    dy_ptr,
+                    dx_ptr,
+                    dz_ptr.unwrap_or(0),
+                    scale_ptr,
+                    device_ptr(gpu, s.mean)?,
+                    device_ptr(gpu, s.inv_std)?,
+                    device_ptr_mut(gpu, dscale)?,
+                    device_ptr_mut(gpu, dbias)?,
+                    partials,
+                    bwd_coef,
+                    gpu.grid_barrier()?,
+                ];
+                // SAFETY: as for the stats, finalize and apply launches below together
+                // (the partials region holds resident_chunks * features >= chunks *
+                // features entries); the plan sized the grid to be resident at once and
+                // the shared memory for resident_rows rows of the stashed operands; the
+                // grid-barrier state is the handle's, ordered by its stream.
+                return unsafe {
+                    gpu.launch_cooperative(
+                        resident_kernel(dtype, false)?,
+                        resident.config(),
+                        &params,
+                        &pointers,
+                    )
+                };
+            }
             let mut flags = 0;
             let (saved_mean, saved_inv) = match saved {
                 Some(s) => (device_ptr(gpu, s.mean)?, device_ptr(gpu, s.inv_std)?),
@@ -1506,6 +1767,7 @@ mod tests {
         stats_threads: 256,
         apply: 5,
         apply_threads: 128,
+        resident: 2,
     };
 
     fn fake_ops<'a>(descs: &[(usize, &'a TensorDescriptor)]) -> Operands<'a> {
@@ -1594,6 +1856,63 @@ mod tests {
                 }
             }
         }
+    }
+
+    const H100_SHARED: SharedMemory = SharedMemory {
+        per_sm: 233_472,
+        per_block: 232_448,
+        reserved_per_block: 1024,
+    };
+
+    /// The resident training forward keeps ResNet-50's smaller NHWC problems wholly on
+    /// chip and half of the larger ones, in whole steps of rows, within the shared memory
+    /// of its blocks per SM, the co-resident grid and the workspace's partials.
+    #[test]
+    fn resident_plans_fit_shared_memory_grid_and_workspace() {
+        let cases = [
+            (64usize, 112usize, false),
+            (256, 56, false),
+            (512, 28, true),
+            (1024, 14, true),
+            (2048, 7, true),
+        ];
+        for (c, hw, whole) in cases {
+            for dt in [DataType::F16, DataType::F32] {
+                let x = TensorDescriptor::nhwc(dt, 32, c, hw, hw).unwrap();
+                let mode = BatchNormMode::Spatial;
+                let p = derive_batch_norm_descriptor(&x, mode).unwrap();
+                let ops = fake_ops(&[(X, &x), (Y, &x)]);
+                let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
+                let Some(r) = resident_shape(&plan, &H100, H100_SHARED, 1, None) else {
+                    assert!(dt == DataType::F32 && !whole, "{x:?} not resident");
+                    continue;
+                };
+                let g = r.geo;
+                let step = BN_BLOCK_THREADS / g.tile_vectors;
+                assert_eq!(r.resident_rows % step, 0, "{x:?}");
+                assert!(r.resident_rows <= g.chunk_len);
+                assert!(g.chunks as u64 * g.chunk_len as u64 >= g.red_len as u64);
+                assert!(g.chunks as usize <= H100.resident_chunks(mode, &x), "{x:?}");
+                let per_sm = (r.blocks as usize).div_ceil(132);
+                assert!(per_sm <= H100.resident, "{x:?}");
+                assert!(
+                    per_sm * (r.shared_bytes as usize + 1024) <= 233_472,
+                    "{x:?}"
+                );
+                let kept = (r.resident_rows as usize * g.chunks as usize).min(g.red_len as usize);
+                let share = kept as f64 / g.red_len as f64;
+                if dt == DataType::F16 {
+                    assert!(share >= if whole { 1.0 } else { 0.45 }, "{x:?}: {share}");
+                }
+            }
+        }
+        // Forced off or scalar rows: none.
+        let x = TensorDescriptor::nhwc(DataType::F16, 32, 2048, 7, 7).unwrap();
+        let p = derive_batch_norm_descriptor(&x, BatchNormMode::Spatial).unwrap();
+        let ops = fake_ops(&[(X, &x), (Y, &x)]);
+        let mut plan = plan_problem(BatchNormMode::Spatial, &x, &p, &ops, H100).unwrap();
+        plan.geo.vector = 1;
+        assert!(resident_shape(&plan, &H100, H100_SHARED, 1, None).is_none());
     }
 
     /// The fused kernels take rows problems whose stats pass would give each feature one
