@@ -284,13 +284,8 @@ impl Gpu {
         params: &P,
         pointers: &[u64],
     ) -> Result<()> {
-        let f = self.function(kernel, cfg.shared_bytes)?;
-        let mut slots: Vec<*mut c_void> = Vec::with_capacity(1 + pointers.len());
-        slots.push(params as *const P as *mut c_void);
-        for p in pointers {
-            slots.push(p as *const u64 as *mut c_void);
-        }
-        self.launch_slots(kernel, f, cfg, &mut slots, false)
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_params(kernel, cfg, params, pointers, false) }
     }
 
     /// [`Self::launch`] as a cooperative launch (cuLaunchCooperativeKernel): every block
@@ -306,13 +301,29 @@ impl Gpu {
         params: &P,
         pointers: &[u64],
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_params(kernel, cfg, params, pointers, true) }
+    }
+
+    /// [`Self::launch`] or [`Self::launch_cooperative`].
+    ///
+    /// # Safety
+    /// As [`Self::launch`].
+    unsafe fn launch_params<P: Copy>(
+        &self,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        params: &P,
+        pointers: &[u64],
+        cooperative: bool,
+    ) -> Result<()> {
         let f = self.function(kernel, cfg.shared_bytes)?;
         let mut slots: Vec<*mut c_void> = Vec::with_capacity(1 + pointers.len());
         slots.push(params as *const P as *mut c_void);
         for p in pointers {
             slots.push(p as *const u64 as *mut c_void);
         }
-        self.launch_slots(kernel, f, cfg, &mut slots, true)
+        self.launch_slots(kernel, f, cfg, &mut slots, cooperative)
     }
 
     /// The device address of the grid-barrier state (see the field).

@@ -872,6 +872,32 @@ fn gpu_resnet_like_shapes_in_nchw_and_nhwc() {
     });
 }
 
+/// Training forward then backward (saved statistics) of `p`, plain and fused with add +
+/// relu with blended outputs and parameter gradients; seeds `seed` and `seed + 1`.
+fn check_training_plain_and_fused(h: &Handle, p: &Problem, seed: u64) {
+    for (ops, blend) in [
+        (BatchNormOps::Bn, (1.0, 0.0)),
+        (BatchNormOps::BnAddActivation, (0.75, 0.5)),
+    ] {
+        let t = Training {
+            ops,
+            alpha_beta: blend,
+            factor: Some(0.25),
+            epsilon: 1e-5,
+            saved: true,
+        };
+        check_forward_training(h, p, t, seed);
+        let b = Backward {
+            ops,
+            data: blend,
+            param: (0.5, 0.25),
+            epsilon: 1e-5,
+            saved: true,
+        };
+        check_backward(h, p, b, seed + 1);
+    }
+}
+
 /// Many channels of short reductions (NCHW 2048x7x7, 1024x14x14): a block per channel
 /// reduces, finalizes and normalizes its channel in one launch, forward and backward
 /// (with the saved statistics), plain and fused with add + relu, blended outputs, every
@@ -885,27 +911,7 @@ fn gpu_one_launch_training_of_many_short_channels() {
                     let [n, c, hh, w] = dims;
                     let x = TensorDescriptor::nchw_with(dt, n, c, hh, w, layout).unwrap();
                     let p = Problem::dense(BatchNormMode::Spatial, x);
-                    for (ops, blend) in [
-                        (BatchNormOps::Bn, (1.0, 0.0)),
-                        (BatchNormOps::BnAddActivation, (0.75, 0.5)),
-                    ] {
-                        let t = Training {
-                            ops,
-                            alpha_beta: blend,
-                            factor: Some(0.25),
-                            epsilon: 1e-5,
-                            saved: true,
-                        };
-                        check_forward_training(h, &p, t, 21);
-                        let b = Backward {
-                            ops,
-                            data: blend,
-                            param: (0.5, 0.25),
-                            epsilon: 1e-5,
-                            saved: true,
-                        };
-                        check_backward(h, &p, b, 22);
-                    }
+                    check_training_plain_and_fused(h, &p, 21);
                 }
             }
         }
@@ -928,27 +934,7 @@ fn gpu_resident_training_on_and_off_chip() {
             let [n, c, hh, w] = dims;
             let x = TensorDescriptor::nchw_with(dt, n, c, hh, w, Layout::ChannelsLast).unwrap();
             let p = Problem::dense(BatchNormMode::Spatial, x);
-            for (ops, blend) in [
-                (BatchNormOps::Bn, (1.0, 0.0)),
-                (BatchNormOps::BnAddActivation, (0.75, 0.5)),
-            ] {
-                let t = Training {
-                    ops,
-                    alpha_beta: blend,
-                    factor: Some(0.25),
-                    epsilon: 1e-5,
-                    saved: true,
-                };
-                check_forward_training(h, &p, t, 31);
-                let b = Backward {
-                    ops,
-                    data: blend,
-                    param: (0.5, 0.25),
-                    epsilon: 1e-5,
-                    saved: true,
-                };
-                check_backward(h, &p, b, 32);
-            }
+            check_training_plain_and_fused(h, &p, 31);
         }
     });
 }

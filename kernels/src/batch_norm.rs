@@ -24,6 +24,13 @@
 //!   kernels) and applies it, visiting its elements last to first (those it read last
 //!   are likeliest still in L1/L2). No partials, no finalize or apply launch.
 //!
+//! * `batch_norm_{fwd,bwd}_resident_cols_<dtype>`: the whole training pass of a cols
+//!   problem with 16-byte vectors in one cooperative launch (see
+//!   `oxidnn_params::BatchNormResidentParams`): the stats kernel's blocks, each keeping its
+//!   chunk's first rows in shared memory, then grid barriers around a finalize shared out
+//!   over the grid's warps, then the apply from shared memory (and from memory for the
+//!   rows that did not fit).
+//!
 //! Inference is one apply launch whose coefficients come from the estimated statistics.
 //!
 //! *Rows* kernels (the reduction is contiguous, e.g. NCHW spatial) give each block one
@@ -36,7 +43,7 @@ use crate::activation::{blend, forward as activation};
 use crate::device::{
     self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
     dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, lane_id, ld_shared_v4, shfl_xor_f32,
-    shfl_xor_f64, sqrt, sqrt_f64, sync_threads, thread_idx_x, warp_id, SharedF32, Vec16,
+    shfl_xor_f64, sqrt, sqrt_f64, sync_threads_divergent, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
@@ -405,7 +412,10 @@ fn cols_reduce<const KV: usize>(
                 b.store(slot * KV as u32 + e as u32, acc.b[e]);
             }
         }
-        sync_threads();
+        // Divergence-safe: threads of a partial last tile skip the loads before this, and
+        // LLVM may give them their own copy of the code that follows (an `.aligned`
+        // barrier reached by a warp split over two copies hangs).
+        sync_threads_divergent();
         let t = thread_idx_x();
         if t < g.tile_vectors {
             let load = #[inline(always)]

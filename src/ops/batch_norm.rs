@@ -411,13 +411,33 @@ impl ResidentPlan {
         }
     }
 
-    fn config(&self) -> LaunchConfig {
-        LaunchConfig {
+    /// Launches the direction's resident kernel with `pointers` and the handle's
+    /// grid-barrier state after them.
+    ///
+    /// # Safety
+    /// `pointers` are the kernel's (before `barrier`) and cover what `params` describes,
+    /// as for the three launches the kernel replaces; the partials region holds
+    /// [`Occupancy::resident_chunks`]` * features >= chunks * features` entries.
+    unsafe fn launch(
+        &self,
+        gpu: &Gpu,
+        (dtype, forward): (DataType, bool),
+        params: &BatchNormResidentParams,
+        pointers: &[u64],
+    ) -> Result<()> {
+        let mut all = pointers.to_vec();
+        all.push(gpu.grid_barrier()?);
+        let config = LaunchConfig {
             grid: self.blocks,
             grid_y: 1,
             block: BN_BLOCK_THREADS,
             shared_bytes: self.shared_bytes,
-        }
+        };
+        // SAFETY: the caller's pointers; the plan sized the grid to be resident at once
+        // (the cooperative launch fails otherwise) and the shared memory for
+        // resident_rows rows of the stashed operands; the grid-barrier state is the
+        // handle's, ordered by its stream.
+        unsafe { gpu.launch_cooperative(resident_kernel(dtype, forward)?, config, params, &all) }
     }
 }
 
@@ -1172,6 +1192,18 @@ pub fn batch_norm_forward_training(
                 ptrs[3] = device_ptr_mut(gpu, s.inv_std)?;
             }
             let (scale_ptr, bias_ptr) = (device_ptr(gpu, scale)?, device_ptr(gpu, bias)?);
+            // The one-launch kernels' pointers: the data, then the per-feature tensors.
+            let one_launch = [
+                x_ptr,
+                z_ptr.unwrap_or(0),
+                y_ptr,
+                scale_ptr,
+                bias_ptr,
+                ptrs[0],
+                ptrs[1],
+                ptrs[2],
+                ptrs[3],
+            ];
             if plan.fused.usable {
                 let fused = &plan.fused;
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
@@ -1183,17 +1215,6 @@ pub fn batch_norm_forward_training(
                     apply: ap,
                     finalize: fp,
                 };
-                let pointers = [
-                    x_ptr,
-                    z_ptr.unwrap_or(0),
-                    y_ptr,
-                    scale_ptr,
-                    bias_ptr,
-                    ptrs[0],
-                    ptrs[1],
-                    ptrs[2],
-                    ptrs[3],
-                ];
                 // SAFETY: as for the stats, finalize and apply launches below together:
                 // x, z (with ADD) and y hold their descriptors' spans, which the
                 // geometry's offsets stay inside; the per-feature pointers cover bn_desc's
@@ -1203,7 +1224,7 @@ pub fn batch_norm_forward_training(
                         fused_kernel(dtype, true)?,
                         fused.config(),
                         &params,
-                        &pointers,
+                        &one_launch,
                     )
                 };
             }
@@ -1211,34 +1232,9 @@ pub fn batch_norm_forward_training(
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
                 fp.factor = factor;
                 let params = resident.params(apply_params(&plan, bn, alpha32, beta32, 0), fp);
-                let pointers = [
-                    x_ptr,
-                    z_ptr.unwrap_or(0),
-                    y_ptr,
-                    scale_ptr,
-                    bias_ptr,
-                    ptrs[0],
-                    ptrs[1],
-                    ptrs[2],
-                    ptrs[3],
-                    partials,
-                    coef,
-                    gpu.grid_barrier()?,
-                ];
-                // SAFETY: as for the stats, finalize and apply launches below together
-                // (the partials region holds resident_chunks * features >= chunks *
-                // features entries); the plan sized the grid to be resident at once (the
-                // cooperative launch fails otherwise) and the shared memory for
-                // resident_rows rows; the grid-barrier state is the handle's, ordered by
-                // its stream.
-                return unsafe {
-                    gpu.launch_cooperative(
-                        resident_kernel(dtype, true)?,
-                        resident.config(),
-                        &params,
-                        &pointers,
-                    )
-                };
+                let pointers = [&one_launch[..], &[partials, coef]].concat();
+                // SAFETY: as for the stats, finalize and apply launches below together.
+                return unsafe { resident.launch(gpu, (dtype, true), &params, &pointers) };
             }
             stats_forward(gpu, &plan, dtype, x_ptr, partials)?;
             let mut fp = plan.finalize_params(flags, bn.epsilon);
@@ -1568,7 +1564,24 @@ pub fn batch_norm_backward(
             let partials = ws + layout.partials as u64;
             let (fwd_coef, bwd_coef) = (ws + layout.coef as u64, ws + layout.bwd_coef as u64);
             let scale_ptr = device_ptr(gpu, scale)?;
-            if let (Some(s), true) = (saved, plan.fused.usable) {
+            // The one-launch kernels' pointers (saved statistics only): the data, then the
+            // per-feature tensors.
+            let one_launch = match saved {
+                Some(s) => Some([
+                    x_ptr,
+                    y_ptr.unwrap_or(0),
+                    dy_ptr,
+                    dx_ptr,
+                    dz_ptr.unwrap_or(0),
+                    scale_ptr,
+                    device_ptr(gpu, s.mean)?,
+                    device_ptr(gpu, s.inv_std)?,
+                    device_ptr_mut(gpu, dscale)?,
+                    device_ptr_mut(gpu, dbias)?,
+                ]),
+                None => None,
+            };
+            if let (Some(pointers), true) = (one_launch, plan.fused.usable) {
                 let fused = &plan.fused;
                 let mut fp = plan.finalize_params(0, bn.epsilon);
                 fp.chunks = 1;
@@ -1580,18 +1593,6 @@ pub fn batch_norm_backward(
                     apply: ap,
                     finalize: fp,
                 };
-                let pointers = [
-                    x_ptr,
-                    y_ptr.unwrap_or(0),
-                    dy_ptr,
-                    dx_ptr,
-                    dz_ptr.unwrap_or(0),
-                    scale_ptr,
-                    device_ptr(gpu, s.mean)?,
-                    device_ptr(gpu, s.inv_std)?,
-                    device_ptr_mut(gpu, dscale)?,
-                    device_ptr_mut(gpu, dbias)?,
-                ];
                 // SAFETY: as for the stats, finalize and apply launches below together:
                 // x, y (with RELU), dy, dx and dz (with ADD) hold their descriptors' spans;
                 // the per-feature pointers cover bn_desc's span (checked).
@@ -1607,43 +1608,18 @@ pub fn batch_norm_backward(
             // Saved statistics: the resident kernel where it keeps enough on chip (x, dy
             // and, behind a relu, y).
             let stashed = if bn.ops == BatchNormOps::Bn { 2 } else { 3 };
-            let resident = match saved {
+            let resident = match one_launch {
                 Some(_) => plan_resident(gpu, (dtype, false), &plan, &occ, stashed)?,
                 None => None,
             };
-            if let (Some(s), Some(resident)) = (saved, resident) {
+            if let (Some(one_launch), Some(resident)) = (one_launch, resident) {
                 let mut fp = plan.finalize_params(0, bn.epsilon);
                 fp.alpha = alpha_p;
                 fp.beta = beta_p;
                 let params = resident.params(apply_params(&plan, bn, alpha_d, beta_d, 0), fp);
-                let pointers = [
-                    x_ptr,
-                    y_ptr.unwrap_or(0),
-                    dy_ptr,
-                    dx_ptr,
-                    dz_ptr.unwrap_or(0),
-                    scale_ptr,
-                    device_ptr(gpu, s.mean)?,
-                    device_ptr(gpu, s.inv_std)?,
-                    device_ptr_mut(gpu, dscale)?,
-                    device_ptr_mut(gpu, dbias)?,
-                    partials,
-                    bwd_coef,
-                    gpu.grid_barrier()?,
-                ];
-                // SAFETY: as for the stats, finalize and apply launches below together
-                // (the partials region holds resident_chunks * features >= chunks *
-                // features entries); the plan sized the grid to be resident at once and
-                // the shared memory for resident_rows rows of the stashed operands; the
-                // grid-barrier state is the handle's, ordered by its stream.
-                return unsafe {
-                    gpu.launch_cooperative(
-                        resident_kernel(dtype, false)?,
-                        resident.config(),
-                        &params,
-                        &pointers,
-                    )
-                };
+                let pointers = [&one_launch[..], &[partials, bwd_coef]].concat();
+                // SAFETY: as for the stats, finalize and apply launches below together.
+                return unsafe { resident.launch(gpu, (dtype, false), &params, &pointers) };
             }
             let mut flags = 0;
             let (saved_mean, saved_inv) = match saved {
