@@ -179,9 +179,10 @@ pub struct BatchNormFusedParams {
     pub finalize: BatchNormFinalizeParams,
 }
 
-/// Parameters of `batch_norm_fwd_resident_cols_*`: the whole training forward in one
-/// cooperative launch, for the cols mapping with 16-byte vectors, keeping as much of `x` on
-/// chip as fits so that it is read from memory once.
+/// Parameters of `batch_norm_{fwd,bwd}_resident_cols_*`: a whole training pass in one
+/// cooperative launch, for the cols mapping with 16-byte vectors, keeping as much of the
+/// data on chip as fits so that it is read from memory once (forward `x`; backward `x`,
+/// `dy` and, behind a relu, `y`, one region of `resident_rows` rows each, in that order).
 ///
 /// Blocks, threads and partials as in the cols stats kernels (geometry `fused.apply.geo`:
 /// `tiles * chunks` blocks of [`BN_BLOCK_THREADS`], all resident at once). Each block keeps
