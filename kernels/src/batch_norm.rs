@@ -24,12 +24,22 @@
 //!   kernels) and applies it, visiting its elements last to first (those it read last
 //!   are likeliest still in L1/L2). No partials, no finalize or apply launch.
 //!
+//! * `batch_norm_fwd_staged_rows_<dtype>`: the fused forward with the block's feature
+//!   copied into shared memory first (`cp.async`, all of it in flight at once), then
+//!   reduced and applied from there, so `x` is read from memory once (features of up to
+//!   half an SM's shared memory, vectors of 4 bytes or more).
+//!
 //! * `batch_norm_{fwd,bwd}_resident_cols_<dtype>`: the whole training pass of a cols
 //!   problem with 16-byte vectors in one cooperative launch (see
 //!   `oxidnn_params::BatchNormResidentParams`): the stats kernel's blocks, each keeping its
-//!   chunk's first rows in shared memory, then grid barriers around a finalize shared out
-//!   over the grid's warps, then the apply from shared memory (and from memory for the
-//!   rows that did not fit).
+//!   chunk's first rows in shared memory, then the finalize, then the apply from shared
+//!   memory (and from memory for the rows that did not fit). The finalize: where each
+//!   tile has few chunks, a barrier of the tile's blocks and every block finalizing its
+//!   tile itself; otherwise grid barriers around a finalize shared out over the grid's
+//!   warps.
+//!
+//! The apply loops are specialized for the common epilogues (plain, and add + relu, with
+//! `alpha = 1`, `beta = 0`): no per-element flag tests or blend arithmetic there.
 //!
 //! Inference is one apply launch whose coefficients come from the estimated statistics.
 //!
@@ -41,16 +51,17 @@
 
 use crate::activation::{blend, forward as activation};
 use crate::device::{
-    self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
-    dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, lane_id, ld_shared_v4, shfl_xor_f32,
-    shfl_xor_f64, sqrt, sqrt_f64, sync_threads_divergent, thread_idx_x, warp_id, SharedF32, Vec16,
+    self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca, cp_async_commit,
+    cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, group_barrier, lane_id,
+    ld_shared_u32, ld_shared_v2, ld_shared_v4, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64,
+    st_shared_v4, sync_threads_divergent, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
     BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormResidentParams,
-    BatchNormStatsParams, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
+    BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
 };
 
 /// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
@@ -479,12 +490,20 @@ unsafe fn fwd_moments_rows<T: Element, const KV: usize>(
     w: &Work,
 ) -> Acc<1> {
     let base = g.feat.offsets(w.f0)[X];
+    fwd_moments_of::<T, KV>(w, |j| {
+        load_raw::<T, KV>(x, base + g.red.offsets(j * KV as u32)[X], true)
+    })
+}
+
+/// The moments of a rows block's work, vector `j` being `load(j)` (every thread gets the
+/// block's total; every thread of the block calls it).
+#[inline(always)]
+fn fwd_moments_of<T: Element, const KV: usize>(w: &Work, load: impl Fn(u32) -> Vec16) -> Acc<1> {
     let mut acc = Acc::<1>::EMPTY;
     visit::<FWD_UNROLL, Vec16, _>(
         w.range(),
         &mut acc,
-        #[inline(always)]
-        |j| load_raw::<T, KV>(x, base + g.red.offsets(j * KV as u32)[X], true),
+        load,
         #[inline(always)]
         |acc, _, v| {
             let (mean, m2) = batch_moments(&v.map(unpack::<T, KV>));
@@ -532,6 +551,47 @@ unsafe fn fwd_stats_cols<T: Element, const KV: usize>(
     }
     let total = cols_reduce(g, acc, merge_moments);
     write_cols_partials(g, &w, total, partials);
+}
+
+/// The moments of the vectors `load(r)` of a cols thread's rows `r` in `range` (`first,
+/// end, step`), read twice from shared memory: the mean, then the deviations from it
+/// (corrected two-pass: the deviations' sum corrects the rounding of the first mean).
+/// Per element, adds and one fused multiply-add, where a running merge divides.
+#[inline(always)]
+fn kept_moments<T: Element, const KV: usize>(
+    (first, end, step): (u32, u32, u32),
+    load: impl Fn(u32) -> Vec16,
+) -> Acc<KV> {
+    let mut sum = [0.0f32; KV];
+    let mut n = 0u32;
+    let mut r = first;
+    while r < end {
+        let v = unpack::<T, KV>(load(r));
+        crate::unrolled!(e in KV => sum[e] += v[e]);
+        n += 1;
+        r += step;
+    }
+    if n == 0 {
+        return Acc::EMPTY;
+    }
+    let inv = 1.0 / n as f32;
+    let mean = sum.map(|s| s * inv);
+    let (mut dev, mut sq) = ([0.0f32; KV], [0.0f32; KV]);
+    r = first;
+    while r < end {
+        let v = unpack::<T, KV>(load(r));
+        crate::unrolled!(e in KV => {
+            let d = v[e] - mean[e];
+            dev[e] += d;
+            sq[e] += d * d;
+        });
+        r += step;
+    }
+    Acc {
+        n: n as f32,
+        a: core::array::from_fn(|e| mean[e] + dev[e] * inv),
+        b: core::array::from_fn(|e| sq[e] - dev[e] * dev[e] * inv),
+    }
 }
 
 /// Absorbs into `acc` the moments of the vectors `load(r)` of a cols thread's rows `r` in
@@ -830,9 +890,9 @@ unsafe fn warp_total(
     Some((f, feature_total(f, features, chunks, partials, merge)))
 }
 
-/// The calling warp merges feature `f`'s partials: lane `l` takes chunks `l, l+32, ..` in
-/// order (loaded four at a time), then a butterfly; lane 0's result is returned to lane 0
-/// (the others' differ in rounding and are not used).
+/// The calling warp merges feature `f`'s partials: lane `l` takes chunks `l, l+32, ..`
+/// ([`chunks_total`]), then a butterfly; lane 0's result is returned to lane 0 (the
+/// others' differ in rounding and are not used).
 ///
 /// # Safety
 /// `partials` holds `chunks * features` entries; the whole warp calls it, converged.
@@ -843,6 +903,23 @@ unsafe fn feature_total(
     chunks: u32,
     partials: *const BatchNormPartial,
     merge: impl Fn(Total, Total) -> Total,
+) -> Total {
+    let t = chunks_total(f, features, (lane_id(), chunks, 32), partials, &merge);
+    butterfly(t, 32, merge)
+}
+
+/// Feature `f`'s partials of the chunks `first, first + step, .. < end`, merged in that
+/// order in f64 (loaded four at a time).
+///
+/// # Safety
+/// `partials` holds `end * features` entries (chunk-major).
+#[inline(always)]
+unsafe fn chunks_total(
+    f: u32,
+    features: u32,
+    range: (u32, u32, u32),
+    partials: *const BatchNormPartial,
+    merge: &impl Fn(Total, Total) -> Total,
 ) -> Total {
     let mut t = Total {
         n: 0.0,
@@ -859,7 +936,7 @@ unsafe fn feature_total(
         *t = merge(*t, next);
     };
     visit::<4, BatchNormPartial, _>(
-        (lane_id(), chunks, 32),
+        range,
         &mut t,
         #[inline(always)]
         |c| *partials.add((c * features + f) as usize),
@@ -868,7 +945,14 @@ unsafe fn feature_total(
         #[inline(always)]
         |t, _, part| add(t, part),
     );
-    let mut mask = 16;
+    t
+}
+
+/// `t` merged over each aligned group of `width` lanes (a power of two up to 32) by a
+/// butterfly, widest step first. Every lane of the warp calls it, converged.
+#[inline(always)]
+fn butterfly(mut t: Total, width: u32, merge: impl Fn(Total, Total) -> Total) -> Total {
+    let mut mask = width >> 1;
     while mask > 0 {
         t = merge(t, t.shfl(mask));
         mask >>= 1;
@@ -1047,6 +1131,40 @@ unsafe fn bwd_feature(
 // Apply
 // ---------------------------------------------------------------------------------------
 
+/// What an apply pass does after the normalization: the flags ([`bn_flags::ADD`],
+/// [`bn_flags::RELU`]) and the blend of the outputs (`alpha * new + beta * old`).
+#[derive(Clone, Copy)]
+struct Epilogue {
+    flags: u32,
+    alpha: f32,
+    beta: f32,
+}
+
+/// Runs `body` on `p`'s epilogue, where in the common cases it is a constant, so each
+/// gets its own loop with no per-element tests of flags and no blend arithmetic: plain
+/// (no residual add, no relu) and fused (add and relu), both with `alpha = 1`, `beta = 0`.
+#[inline(always)]
+fn with_constant_epilogue(p: &BatchNormApplyParams, body: impl Fn(Epilogue)) {
+    let mask = bn_flags::ADD | bn_flags::RELU;
+    if p.alpha == 1.0 && p.beta == 0.0 {
+        let constant = |flags| Epilogue {
+            flags,
+            alpha: 1.0,
+            beta: 0.0,
+        };
+        match p.flags & mask {
+            0 => return body(constant(0)),
+            f if f == mask => return body(constant(mask)),
+            _ => {}
+        }
+    }
+    body(Epilogue {
+        flags: p.flags & mask,
+        alpha: p.alpha,
+        beta: p.beta,
+    })
+}
+
 /// Forward coefficients `(mean, a, bias)` of feature `f`: `y = (x - mean) a + bias`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -1087,14 +1205,14 @@ type FwdLoad = [Vec16; 2];
 /// The offsets are in bounds of their operands.
 #[inline(always)]
 unsafe fn fwd_one<T: Element, const KV: usize>(
-    p: &BatchNormApplyParams,
+    ep: Epilogue,
     io: FwdIo<T>,
     c: &[[f32; 3]; KV],
     o: [u64; 6],
     v: FwdLoad,
 ) {
     let (xv, zv) = (unpack::<T, KV>(v[0]), unpack::<T, KV>(v[1]));
-    let old = if p.beta != 0.0 {
+    let old = if ep.beta != 0.0 {
         load::<T, KV>(io.y, o[Y], false)
     } else {
         [0.0; KV]
@@ -1102,13 +1220,13 @@ unsafe fn fwd_one<T: Element, const KV: usize>(
     let mut out = [0.0f32; KV];
     crate::unrolled!(e in KV => {
         let mut v = (xv[e] - c[e][0]) * c[e][1] + c[e][2];
-        if p.flags & bn_flags::ADD != 0 {
+        if ep.flags & bn_flags::ADD != 0 {
             v += zv[e];
         }
-        if p.flags & bn_flags::RELU != 0 {
+        if ep.flags & bn_flags::RELU != 0 {
             v = relu(v);
         }
-        out[e] = blend(p.alpha, v, p.beta, || old[e]);
+        out[e] = blend(ep.alpha, v, ep.beta, || old[e]);
     });
     store_last::<T, KV>(io.y, o[Y], out);
 }
@@ -1118,12 +1236,8 @@ unsafe fn fwd_one<T: Element, const KV: usize>(
 /// # Safety
 /// As [`load_raw`] for `z` (with `ADD`).
 #[inline(always)]
-unsafe fn load_z<T: Element, const KV: usize>(
-    p: &BatchNormApplyParams,
-    io: FwdIo<T>,
-    o: [u64; 6],
-) -> Vec16 {
-    if p.flags & bn_flags::ADD != 0 {
+unsafe fn load_z<T: Element, const KV: usize>(ep: Epilogue, io: FwdIo<T>, o: [u64; 6]) -> Vec16 {
+    if ep.flags & bn_flags::ADD != 0 {
         load_last::<T, KV>(io.z, o[Z_OR_DY])
     } else {
         [0; 4]
@@ -1161,22 +1275,30 @@ unsafe fn fwd_apply<T: Element, const KV: usize, const UN: usize>(
     let at = #[inline(always)]
     |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
     let step = range.2;
-    visit::<UN, FwdLoad, _>(
-        range,
-        &mut (),
+    // Inlined into each of the three calls: a called closure would take its captures
+    // (the parameters' geometry among them) through local memory.
+    with_constant_epilogue(
+        p,
         #[inline(always)]
-        |i| {
-            let o = at(i);
-            [load_x(visited(mirror, i), o), load_z::<T, KV>(p, io, o)]
+        |ep| {
+            visit::<UN, FwdLoad, _>(
+                range,
+                &mut (),
+                #[inline(always)]
+                |i| {
+                    let o = at(i);
+                    [load_x(visited(mirror, i), o), load_z::<T, KV>(ep, io, o)]
+                },
+                #[inline(always)]
+                |_, i, v| {
+                    crate::unrolled!(u in UN => {
+                        fwd_one::<T, KV>(ep, io, c, at(i + u as u32 * step), v[u])
+                    });
+                },
+                #[inline(always)]
+                |_, i, v| fwd_one::<T, KV>(ep, io, c, at(i), v),
+            )
         },
-        #[inline(always)]
-        |_, i, v| {
-            crate::unrolled!(u in UN => {
-                fwd_one::<T, KV>(p, io, c, at(i + u as u32 * step), v[u])
-            });
-        },
-        #[inline(always)]
-        |_, i, v| fwd_one::<T, KV>(p, io, c, at(i), v),
     );
 }
 
@@ -1238,14 +1360,14 @@ struct BwdIo<T> {
 /// The offsets are in bounds of their operands.
 #[inline(always)]
 unsafe fn bwd_one<T: Element, const KV: usize>(
-    p: &BatchNormApplyParams,
+    ep: Epilogue,
     io: BwdIo<T>,
     c: &[[f32; 4]; KV],
     o: [u64; 6],
     v: BwdLoad,
 ) {
-    let (grad, xv) = grads::<T, KV>(p.flags & bn_flags::RELU != 0, v);
-    let read_old = p.beta != 0.0;
+    let (grad, xv) = grads::<T, KV>(ep.flags & bn_flags::RELU != 0, v);
+    let read_old = ep.beta != 0.0;
     let old = if read_old {
         load::<T, KV>(io.dx, o[DX], false)
     } else {
@@ -1255,16 +1377,16 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
     crate::unrolled!(e in KV => {
         let [mean, c1, c2, c3] = c[e];
         let d = c1 * grad[e] + c2 * (xv[e] - mean) + c3;
-        out[e] = blend(p.alpha, d, p.beta, || old[e]);
+        out[e] = blend(ep.alpha, d, ep.beta, || old[e]);
     });
     store_last::<T, KV>(io.dx, o[DX], out);
-    if p.flags & bn_flags::ADD != 0 {
+    if ep.flags & bn_flags::ADD != 0 {
         let old = if read_old {
             load::<T, KV>(io.dz, o[DZ], false)
         } else {
             [0.0; KV]
         };
-        crate::unrolled!(e in KV => out[e] = blend(p.alpha, grad[e], p.beta, || old[e]));
+        crate::unrolled!(e in KV => out[e] = blend(ep.alpha, grad[e], ep.beta, || old[e]));
         store_last::<T, KV>(io.dz, o[DZ], out);
     }
 }
@@ -1289,19 +1411,27 @@ unsafe fn bwd_apply<T: Element, const KV: usize, const UN: usize>(
     let at = #[inline(always)]
     |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
     let step = range.2;
-    visit::<UN, BwdLoad, _>(
-        range,
-        &mut (),
+    // Inlined into each of the three calls: a called closure would take its captures
+    // (the parameters' geometry among them) through local memory.
+    with_constant_epilogue(
+        p,
         #[inline(always)]
-        |i| load(visited(mirror, i), at(i)),
-        #[inline(always)]
-        |_, i, v| {
-            crate::unrolled!(u in UN => {
-                bwd_one::<T, KV>(p, io, c, at(i + u as u32 * step), v[u])
-            });
+        |ep| {
+            visit::<UN, BwdLoad, _>(
+                range,
+                &mut (),
+                #[inline(always)]
+                |i| load(visited(mirror, i), at(i)),
+                #[inline(always)]
+                |_, i, v| {
+                    crate::unrolled!(u in UN => {
+                        bwd_one::<T, KV>(ep, io, c, at(i + u as u32 * step), v[u])
+                    });
+                },
+                #[inline(always)]
+                |_, i, v| bwd_one::<T, KV>(ep, io, c, at(i), v),
+            )
         },
-        #[inline(always)]
-        |_, i, v| bwd_one::<T, KV>(p, io, c, at(i), v),
     );
 }
 
@@ -1389,6 +1519,78 @@ unsafe fn fwd_fused_rows<T: Element, const KV: usize>(
     );
 }
 
+/// Copies vector `src` of `KV` elements of `T` (4, 8 or 16 bytes) to shared `dst`
+/// asynchronously (`cp.async`: [`cp_async_commit`] and [`cp_async_wait`] before reading it).
+///
+/// # Safety
+/// `src` holds the vector, aligned to its size; `dst` is shared memory, aligned likewise.
+#[inline(always)]
+unsafe fn stage_async<T: Element, const KV: usize>(dst: u32, src: *const T) {
+    let src = src as *const u8;
+    match KV * size_of::<T>() {
+        16 => cp_async_16(dst, src, 16),
+        8 => cp_async_ca::<8>(dst, src, 8),
+        4 => cp_async_ca::<4>(dst, src, 4),
+        // The host stages vectors of 4 bytes or more only.
+        _ => device::trap(),
+    }
+}
+
+/// The vector [`stage_async`] left at shared `addr` (in the low bytes of the word).
+///
+/// # Safety
+/// `addr` holds a staged vector, its copy waited for.
+#[inline(always)]
+unsafe fn unstage<T: Element, const KV: usize>(addr: u32) -> Vec16 {
+    match KV * size_of::<T>() {
+        16 => ld_shared_v4(addr),
+        8 => {
+            let [a, b] = ld_shared_v2(addr);
+            [a, b, 0, 0]
+        }
+        _ => [ld_shared_u32(addr), 0, 0, 0],
+    }
+}
+
+/// [`fwd_fused_rows`] with the feature staged in shared memory: every thread first copies
+/// its vectors there (`cp.async`, all of them in flight at once), then reduces and
+/// applies them from there, so `x` is read from memory once. Vector `j` of the feature
+/// sits at `j * KV * size_of::<T>()` of the dynamic shared memory; each thread reads back
+/// only the vectors it copied, so the phases need no block barrier.
+///
+/// # Safety
+/// As `batch_norm_fwd_staged_rows_*`.
+#[inline(always)]
+unsafe fn fwd_staged_rows<T: Element, const KV: usize>(
+    p: &BatchNormFusedParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+) {
+    let g = &p.apply.geo;
+    let w = rows_work(g, block_idx_x());
+    let base = g.feat.offsets(w.f0);
+    let start = w.chunk * g.chunk_len;
+    let slot = |j: u32| dynamic_smem() + (j - start) * (KV * size_of::<T>()) as u32;
+    let mut j = w.first;
+    while j < w.end {
+        let at = base[X] + g.red.offsets(j * KV as u32)[X];
+        // SAFETY: the host sizes the shared memory for the chunk's vectors; `x`'s vector
+        // is in bounds and aligned to its size (the vector width's condition).
+        stage_async::<T, KV>(slot(j), io.x.add(at as usize));
+        j += w.step;
+    }
+    cp_async_commit();
+    cp_async_wait(0);
+    let from_stage = #[inline(always)]
+    |j: u32| unstage::<T, KV>(slot(j));
+    let total = fwd_moments_of::<T, KV>(&w, from_stage);
+    let t = Total::of(&total);
+    let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
+    let c = [[c[0], c[2], c[3]]; KV];
+    let load_x = |j: u32, _: [u64; 6]| from_stage(j);
+    fwd_apply::<T, KV, 1>(&p.apply, io, w.range(), 0, base, KV as u32, &c, load_x);
+}
+
 #[inline(always)]
 unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
     p: &BatchNormFusedParams,
@@ -1468,6 +1670,116 @@ unsafe fn coef_of(coef: *const BatchNormCoef, f: u32) -> [f32; 4] {
     device::ld_global_v4(coef.add(f as usize) as *const u32).map(f32::from_bits)
 }
 
+/// Where a resident launch's blocks meet: the partials and coefficients of the workspace
+/// and the barrier state (a `[arrived, generation]` pair per tile, the first also the
+/// grid's).
+#[derive(Clone, Copy)]
+struct Sync {
+    partials: *mut BatchNormPartial,
+    coef: *mut BatchNormCoef,
+    barrier: *mut u32,
+}
+
+/// The coefficients of a resident block's features, from the block's statistics `total`
+/// ([`cols_reduce`]): its partials are written, then, with `local_finalize`, a barrier of
+/// the tile's blocks and every block finalizing the tile itself ([`tile_finalize`]);
+/// otherwise a grid barrier, the grid's warps finalizing the features in turn (through the
+/// workspace's coefficients) and another grid barrier. `finish(f, total, write)` makes
+/// feature `f`'s coefficient (with `write`, also its per-feature outputs: exactly once per
+/// feature). Every thread of the block calls it; inactive threads get zeros.
+///
+/// # Safety
+/// As the resident kernels: a cooperative launch of the plan's grid, `sync` as the host
+/// lays it out.
+#[inline(always)]
+unsafe fn resident_coefficients<const KV: usize>(
+    p: &BatchNormResidentParams,
+    w: &Work,
+    total: Acc<KV>,
+    sync: Sync,
+    merge: impl Fn(Total, Total) -> Total,
+    finish: impl Fn(u32, Total, bool) -> BatchNormCoef,
+) -> [[f32; 4]; KV] {
+    let g = &p.fused.apply.geo;
+    write_cols_partials(g, w, total, sync.partials);
+    if p.local_finalize != 0 {
+        let tile = block_idx_x() % g.tiles;
+        group_barrier(sync.barrier.add(2 * tile as usize), g.chunks);
+        tile_finalize::<KV>(g, tile, w.chunk == 0, sync.partials, &merge, &finish);
+        if !w.active {
+            return [[0.0; 4]; KV];
+        }
+        let first = w.f0 - (tile << (g.tile_vectors_log2 + KV.trailing_zeros()));
+        // SAFETY: `tile_finalize` left the tile's coefficients there, behind its barrier.
+        core::array::from_fn(|e| {
+            ld_shared_v4(dynamic_smem() + 16 * (first + e as u32)).map(f32::from_bits)
+        })
+    } else {
+        grid_barrier(sync.barrier);
+        let warps = block_dim_x() / 32;
+        let mut f = block_idx_x() * warps + warp_id();
+        while f < g.features {
+            let t = feature_total(f, g.features, g.chunks, sync.partials, &merge);
+            if lane_id() == 0 {
+                *sync.coef.add(f as usize) = finish(f, t, true);
+            }
+            f += grid_dim_x() * warps;
+        }
+        grid_barrier(sync.barrier);
+        if !w.active {
+            return [[0.0; 4]; KV];
+        }
+        core::array::from_fn(|e| coef_of(sync.coef, w.f0 + e as u32))
+    }
+}
+
+/// Every block of tile `tile` finalizes the tile's features itself (after the tile's
+/// barrier), so no second barrier is needed: the tile's `tile_vectors * KV` features get
+/// `lanes = min(32, BN_BLOCK_THREADS / (tile_vectors * KV))` threads each; thread `t` merges the
+/// chunks `t % lanes, + lanes, ..` of feature `t / lanes` ([`chunks_total`]), the lanes of
+/// a feature merge by a butterfly, and the first leaves `finish(f, total, write)` in the
+/// block's shared memory, at `16 *` the feature's index in the tile (the reduction
+/// scratch, free again after the barrier). Ends with a block barrier. Every thread of the
+/// block calls it.
+///
+/// # Safety
+/// `partials` holds the tile's partials of all `g.chunks` chunks.
+#[inline(always)]
+unsafe fn tile_finalize<const KV: usize>(
+    g: &BatchNormGeometry,
+    tile: u32,
+    write: bool,
+    partials: *const BatchNormPartial,
+    merge: &impl Fn(Total, Total) -> Total,
+    finish: &impl Fn(u32, Total, bool) -> BatchNormCoef,
+) {
+    // Features per tile and threads per feature (the block shared out over the features,
+    // at most a warp: the butterfly's width), powers of two; threads past the tile's
+    // features (narrow tiles of a few features) only join the butterfly.
+    let per_tile_log2 = g.tile_vectors_log2 + KV.trailing_zeros();
+    let lanes_log2 = (BN_BLOCK_THREADS.trailing_zeros() - per_tile_log2).min(5);
+    let t = thread_idx_x();
+    let (i, lane) = (t >> lanes_log2, t & ((1 << lanes_log2) - 1));
+    let f = (tile << per_tile_log2) + i;
+    let mine = i < 1 << per_tile_log2 && f < g.features;
+    let mut total = Total {
+        n: 0.0,
+        a: 0.0,
+        b: 0.0,
+    };
+    if mine {
+        let range = (lane, g.chunks, 1 << lanes_log2);
+        total = chunks_total(f, g.features, range, partials, merge);
+    }
+    let total = butterfly(total, 1 << lanes_log2, merge);
+    if lane == 0 && mine {
+        let c = finish(f, total, write).0.map(f32::to_bits);
+        // SAFETY: 16 * i < 16 * BN_BLOCK_THREADS <= BN_COLS_SHARED_BYTES, the scratch.
+        st_shared_v4(dynamic_smem() + 16 * i, c);
+    }
+    sync_threads_divergent();
+}
+
 /// The training forward in one launch ([`BatchNormResidentParams`]): stats, grid barrier,
 /// finalize, grid barrier, apply. Each thread's first rows are copied to shared memory
 /// (`cp.async`, no registers held) while it reduces the rest straight from memory, so
@@ -1512,29 +1824,22 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
             load_raw::<T, KV>(io.x, x_at(r), true)
         });
         cp_async_wait(0);
-        absorb_cols::<T, KV, 1>(kept, &mut acc, |r| ld_shared_v4(stash.at(r)));
+        let on_chip = kept_moments::<T, KV>(kept, |r| ld_shared_v4(stash.at(r)));
+        acc = merge_moments(acc, on_chip);
     }
     let total = cols_reduce(g, acc, merge_moments);
-    write_cols_partials(g, &w, total, partials);
-    grid_barrier(barrier);
-    // The grid's warps finalize the features in turn.
-    let warps = block_dim_x() / 32;
-    let mut f = block_idx_x() * warps + warp_id();
-    while f < g.features {
-        let t = feature_total(f, g.features, g.chunks, partials, merge_total_moments);
-        if lane_id() == 0 {
-            *coef.add(f as usize) = fwd_feature(fp, f, t, out, true);
-        }
-        f += grid_dim_x() * warps;
-    }
-    grid_barrier(barrier);
+    let finish = #[inline(always)]
+    |f: u32, t: Total, write: bool| fwd_feature(fp, f, t, out, write);
+    let sync = Sync {
+        partials,
+        coef,
+        barrier,
+    };
+    let coefs = resident_coefficients(p, &w, total, sync, merge_total_moments, finish);
     if !w.active {
         return;
     }
-    let c: [[f32; 3]; KV] = core::array::from_fn(|e| {
-        let c = coef_of(coef, w.f0 + e as u32);
-        [c[0], c[2], c[3]]
-    });
+    let c: [[f32; 3]; KV] = coefs.map(|c| [c[0], c[2], c[3]]);
     let load_x = x_from_memory::<T, KV>(io);
     fwd_apply::<T, KV, FWD_UNROLL>(ap, io, streamed, mirror_of(streamed), base, 1, &c, load_x);
     let from_stash = |r: u32, _: [u64; 6]| ld_shared_v4(stash.at(r));
@@ -1627,22 +1932,17 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
         }
     }
     let total = cols_reduce(g, acc, merge_sums);
-    write_cols_partials(g, &w, total, partials);
-    grid_barrier(barrier);
-    let warps = block_dim_x() / 32;
-    let mut f = block_idx_x() * warps + warp_id();
-    while f < g.features {
-        let t = feature_total(f, g.features, g.chunks, partials, merge_total_sums);
-        if lane_id() == 0 {
-            *coef.add(f as usize) = bwd_feature(fp, f, t, out, true);
-        }
-        f += grid_dim_x() * warps;
-    }
-    grid_barrier(barrier);
+    let finish = #[inline(always)]
+    |f: u32, t: Total, write: bool| bwd_feature(fp, f, t, out, write);
+    let sync = Sync {
+        partials,
+        coef,
+        barrier,
+    };
+    let c = resident_coefficients(p, &w, total, sync, merge_total_sums, finish);
     if !w.active {
         return;
     }
-    let c: [[f32; 4]; KV] = core::array::from_fn(|e| coef_of(coef, w.f0 + e as u32));
     let from_memory = bwd_from_memory::<T, KV>(ap, io);
     bwd_apply::<T, KV, BWD_UNROLL>(
         ap,
@@ -1783,6 +2083,21 @@ macro_rules! batch_norm_entry_points {
                 let io = FwdIo { x, z, y };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
                 by_width!($T, p.apply.geo.vector, fwd_fused_rows(&p, io, &out))
+            }
+
+            /// # Safety
+            /// As `batch_norm_fwd_fused_rows_*`, with vectors of 4 bytes or more and
+            /// `chunk_len * vector * size_of::<T>()` bytes of dynamic shared memory
+            /// (16-byte aligned).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_rows_ $dt>](
+                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
+                scale: *const f32, bias: *const f32, running_mean: *mut f32,
+                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+            ) {
+                let io = FwdIo { x, z, y };
+                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+                by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
             }
 
             /// # Safety

@@ -1023,26 +1023,38 @@ pub unsafe fn st_volatile_u32(p: *mut u32, v: u32) {
 
 /// A barrier across every block of the launch: no thread passes it before every thread of
 /// the grid has reached it, and the memory writes of all before it are visible to all
-/// after it.
-///
-/// `state` is two words, `[arrived, generation]`: each block's thread 0 notes the
-/// generation, arrives, and the last to arrive resets `arrived` to 0 and then advances the
-/// generation, which the others wait for. So `arrived` is 0 again whenever no barrier is
-/// in progress, and one state serves any number of barriers and of launches in stream
-/// order.
+/// after it ([`group_barrier`] of the whole grid).
 ///
 /// # Safety
-/// Every block of the grid is resident at once (a cooperative launch) and calls it, every
-/// thread of each block in uniform control flow; `state` is global memory no concurrent
-/// launch uses, with `arrived == 0` when the launch starts.
+/// As [`group_barrier`], the group being the grid.
 #[inline(always)]
 pub unsafe fn grid_barrier(state: *mut u32) {
+    group_barrier(state, grid_dim_x() * grid_dim_y());
+}
+
+/// A barrier across a group of `members` blocks of the launch: no thread passes it before
+/// every thread of the group's blocks has reached it, and the memory writes of all before
+/// it are visible to all after it.
+///
+/// `state` is two words, `[arrived, generation]`, one pair per group: each block's thread
+/// 0 notes the generation, arrives, and the last to arrive resets `arrived` to 0 and then
+/// advances the generation, which the others wait for. So `arrived` is 0 again whenever
+/// no barrier is in progress, and one state serves any number of barriers and of launches
+/// in stream order.
+///
+/// # Safety
+/// Every block of the group is resident at once (a cooperative launch) and calls it with
+/// the same `state` and `members`, every thread of each block in uniform control flow;
+/// `state` is global memory no concurrent launch or other group uses, with `arrived == 0`
+/// when the launch starts.
+#[inline(always)]
+pub unsafe fn group_barrier(state: *mut u32, members: u32) {
     sync_threads_divergent();
     if thread_idx_x() == 0 {
         let generation = ld_volatile_u32(state.add(1));
         // Releases the block's writes (ordered before this thread's by the block barrier).
         thread_fence();
-        if atomic_add_u32(state, 1) == grid_dim_x() * grid_dim_y() - 1 {
+        if atomic_add_u32(state, 1) == members - 1 {
             st_volatile_u32(state, 0);
             thread_fence();
             st_volatile_u32(state.add(1), generation.wrapping_add(1));

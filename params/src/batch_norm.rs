@@ -190,16 +190,23 @@ pub struct BatchNormFusedParams {
 /// `BN_BLOCK_THREADS / tile_vectors`) in its dynamic shared memory, after the
 /// [`BN_COLS_SHARED_BYTES`] of its reduction scratch: row `l` of the chunk, feature vector
 /// `v` of the tile at `16 * (l * tile_vectors + v)`. Phases, separated by grid barriers:
-/// the stats (partials, as the stats kernel); the finalize (the grid's warps take the
-/// features in turn, as the finalize kernel, with `fused.finalize`; coefficients to the
-/// workspace); the apply (streamed rows last to first, then the resident rows).
+/// the stats (partials, as the stats kernel); the finalize; the apply (streamed rows last
+/// to first, then the resident rows). The finalize, with `fused.finalize`'s formulas:
+/// with `local_finalize`, each tile's blocks meet at a barrier of their own (`chunks`
+/// blocks) and each finalizes the tile's features itself, into its shared memory (no
+/// second barrier); otherwise the grid's warps take the features in turn, as the
+/// finalize kernel, between two grid barriers, the coefficients through the workspace.
+/// Barrier state: a `[arrived, generation]` pair per tile (at most [`crate::BARRIER_GROUPS`]),
+/// the first also the grid's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormResidentParams {
     pub fused: BatchNormFusedParams,
     /// Rows of each chunk kept in shared memory.
     pub resident_rows: u32,
-    pub _pad: [u32; 3],
+    /// Nonzero: every block finalizes its tile's features after a barrier of the tile.
+    pub local_finalize: u32,
+    pub _pad: [u32; 2],
 }
 
 /// A chunk's partial statistics of one feature, as the workspace holds them.

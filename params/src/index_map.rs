@@ -26,16 +26,31 @@ impl<const N: usize> Default for IndexMap<N> {
 
 impl<const N: usize> IndexMap<N> {
     /// The offset of logical element `index` in each operand.
+    ///
+    /// Maps of one or two dims (most, after the host folds contiguous dims: rows of NHWC,
+    /// NCHW's `(n, h*w)`) take a walk of exactly their dims; the others walk every slot and
+    /// test each against `rank`. All give the same offsets.
     #[inline(always)]
     pub fn offsets(&self, index: u32) -> [u64; N] {
+        match self.rank {
+            1 => self.walk::<1>(index, 1),
+            2 => self.walk::<2>(index, 2),
+            rank => self.walk::<MAX_DIMS>(index, rank),
+        }
+    }
+
+    /// The offsets of `index` over the first `rank` of the first `R` slots, innermost first.
+    /// The slots are walked with constant indices (the loop unrolls, so the struct is read
+    /// straight from kernel-parameter space); with `rank == R` a constant, the rank tests
+    /// fold away.
+    #[inline(always)]
+    fn walk<const R: usize>(&self, index: u32, rank: u32) -> [u64; N] {
         let mut out = [0u64; N];
         let mut rest = index;
-        // Walk all MAX_DIMS slots with constant indices (the loop unrolls, so the struct is
-        // read straight from kernel-parameter space), skipping those past `rank`.
-        let mut d = MAX_DIMS;
+        let mut d = R;
         while d > 0 {
             d -= 1;
-            if (d as u32) < self.rank {
+            if (d as u32) < rank {
                 let (q, r) = self.dims[d].div_rem(rest);
                 rest = q;
                 let mut k = 0;

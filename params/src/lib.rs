@@ -69,6 +69,11 @@ pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};
 /// The largest tensor rank oxidnn handles (as cuDNN's `CUDNN_DIM_MAX` = 8).
 pub const MAX_DIMS: usize = 8;
 
+/// Groups of blocks a cooperative launch may synchronise separately
+/// (`device::group_barrier`): the handle's barrier state holds an `[arrived, generation]`
+/// pair of `u32` for each, the first also the whole grid's.
+pub const BARRIER_GROUPS: u32 = 1024;
+
 /// Threads per block of every elementwise and reduction kernel.
 pub const BLOCK_THREADS: u32 = 256;
 
@@ -458,6 +463,42 @@ mod tests {
         for i in 0..24u32 {
             let (n, c, w) = (i / 12, (i / 4) % 3, i % 4);
             assert_eq!(m.offsets(i), [i as u64, (n + 8 * c + 2 * w) as u64]);
+        }
+    }
+
+    #[test]
+    fn index_map_offsets_agree_with_a_mixed_radix_walk_at_every_rank() {
+        // Ranks 1 and 2 take their own walks; every rank must give the row-major
+        // mixed-radix offsets, including past the shape's end (the outermost dim wraps).
+        let mut seed: u32 = 7;
+        let mut next = |m: u32| {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) % m
+        };
+        for rank in 0..=MAX_DIMS {
+            let mut m = IndexMap::<3> {
+                rank: rank as u32,
+                ..Default::default()
+            };
+            for d in 0..rank {
+                m.dims[d] = FastDivisor::new(1 + next(7));
+                for k in 0..3 {
+                    m.strides[k][d] = next(1000) as u64 * if k == 2 { 1 << 33 } else { 1 };
+                }
+            }
+            let len: u32 = (0..rank).map(|d| m.dims[d].divisor).product();
+            for i in (0..len + 5).chain([u32::MAX]) {
+                let mut want = [0u64; 3];
+                let mut rest = i;
+                for d in (0..rank).rev() {
+                    let n = m.dims[d].divisor;
+                    for (k, w) in want.iter_mut().enumerate() {
+                        *w += (rest % n) as u64 * m.strides[k][d];
+                    }
+                    rest /= n;
+                }
+                assert_eq!(m.offsets(i), want, "rank {rank}, index {i}");
+            }
         }
     }
 }

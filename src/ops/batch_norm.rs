@@ -58,7 +58,7 @@ use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormFusedParams,
     BatchNormGeometry, BatchNormPartial, BatchNormResidentParams, BatchNormStatsParams,
-    BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    BARRIER_GROUPS, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -368,8 +368,11 @@ struct FusedPlan {
     /// The stats geometry with one chunk per feature.
     geo: BatchNormGeometry,
     threads: u32,
-    /// Whether the problem takes the fused kernels.
+    /// Whether the problem takes the fused kernels (the backward's one launch; the
+    /// forward's where the staged one does not run, [`Self::forward`]).
     usable: bool,
+    /// Whether the problem has the rows mapping (where the staged forward may run).
+    rows: bool,
 }
 
 impl FusedPlan {
@@ -380,6 +383,33 @@ impl FusedPlan {
             block: self.threads,
             shared_bytes: 0,
         }
+    }
+
+    /// The forward's one-launch kernel and launch, if the problem takes one (rows
+    /// mapping): `batch_norm_fwd_staged_rows_*` where a feature's vectors (of 4 bytes or
+    /// more) fit in the shared memory of half an SM and there are at least as many
+    /// features as SMs, so each block reads its feature from memory once while another
+    /// block computes; otherwise the plain fused kernel where [`Self::usable`] (it reads
+    /// each feature twice, the second time mostly from L1/L2).
+    fn forward(&self, gpu: &Gpu, dtype: DataType) -> Result<Option<(&'static str, LaunchConfig)>> {
+        let g = self.geo;
+        let vector_bytes = g.vector as usize * dtype.size_bytes();
+        let bytes = g.chunk_len as usize * vector_bytes;
+        let many = g.features >= gpu.sm_count;
+        if self.rows && many && vector_bytes >= 4 && bytes <= gpu.shared_per_block_optin as usize {
+            let kernel = staged_kernel(dtype)?;
+            if resident_with(gpu, kernel, self.threads, bytes as u32)? >= 2 {
+                let config = LaunchConfig {
+                    shared_bytes: bytes as u32,
+                    ..self.config()
+                };
+                return Ok(Some((kernel, config)));
+            }
+        }
+        Ok(match self.usable {
+            true => Some((fused_kernel(dtype, true)?, self.config())),
+            false => None,
+        })
     }
 }
 
@@ -392,6 +422,8 @@ struct ResidentPlan {
     blocks: u32,
     shared_bytes: u32,
     resident_rows: u32,
+    /// Whether each tile's blocks finalize the tile themselves (else the grid does).
+    local_finalize: bool,
 }
 
 impl ResidentPlan {
@@ -407,7 +439,8 @@ impl ResidentPlan {
         BatchNormResidentParams {
             fused: BatchNormFusedParams { apply, finalize },
             resident_rows: self.resident_rows,
-            _pad: [0; 3],
+            local_finalize: self.local_finalize as u32,
+            _pad: [0; 2],
         }
     }
 
@@ -503,11 +536,20 @@ fn plan_resident(
     Ok((resident.blocks as usize <= per_sm * occ.sms).then_some(resident))
 }
 
+/// Feature vectors per tile of a resident plan whose blocks finalize their tiles: more,
+/// narrower tiles have fewer chunks each to merge (a warp still reads whole 128-byte rows
+/// of a tile).
+const LOCAL_TILE_VECTORS: u32 = 8;
+
+/// The most partials a thread merges when the blocks finalize their own tiles; with more,
+/// the grid's warps share the finalize out instead (behind a second grid barrier).
+const LOCAL_FINALIZE_MAX_MERGES: u32 = 16;
+
 /// The resident plan's shape: cols mapping with 16-byte vectors, every feature tile given
-/// a chunk by a grid resident at once, `stashed` operands kept per row. Blocks per SM: the
-/// most (up to what registers allow, `occ.resident`) with which all the data stays on
-/// chip; if none, at most 2 (the largest stash that still streams with 512 threads per
-/// SM). `None` where it keeps less than [`RESIDENT_MIN_SHARE`] (unless `forced`).
+/// a chunk by a grid resident at once, `stashed` operands kept per row. Narrow tiles
+/// ([`LOCAL_TILE_VECTORS`]) where their blocks can finalize them
+/// ([`LOCAL_FINALIZE_MAX_MERGES`]); otherwise the plan's tiles. `None` where it keeps
+/// less than [`RESIDENT_MIN_SHARE`] of the data on chip (unless `forced`).
 fn resident_shape(
     plan: &Plan,
     occ: &Occupancy,
@@ -516,8 +558,32 @@ fn resident_shape(
     forced: Option<bool>,
 ) -> Option<ResidentPlan> {
     let g = plan.geo;
+    if !plan.cols || g.vector == 1 || occ.resident == 0 {
+        return None;
+    }
+    let mut narrow = g;
+    if g.tile_vectors > LOCAL_TILE_VECTORS {
+        narrow.tile_vectors = LOCAL_TILE_VECTORS;
+        narrow.tile_vectors_log2 = LOCAL_TILE_VECTORS.trailing_zeros();
+        narrow.tiles = g.vectors.div_ceil(LOCAL_TILE_VECTORS);
+    }
+    resident_shape_with(narrow, occ, smem, stashed, forced)
+        .filter(|r| r.local_finalize)
+        .or_else(|| resident_shape_with(g, occ, smem, stashed, forced))
+}
+
+/// [`resident_shape`] on the cols geometry `g`'s tiles. Blocks per SM: the most (up to
+/// what registers allow, `occ.resident`) with which all the data stays on chip; if none,
+/// at most 2 (the largest stash that still streams with 512 threads per SM).
+fn resident_shape_with(
+    g: BatchNormGeometry,
+    occ: &Occupancy,
+    smem: SharedMemory,
+    stashed: usize,
+    forced: Option<bool>,
+) -> Option<ResidentPlan> {
     let (tiles, red_len) = (g.tiles as usize, g.red_len as usize);
-    if !plan.cols || g.vector == 1 || occ.resident == 0 || tiles > occ.sms * occ.resident {
+    if tiles > occ.sms * occ.resident {
         return None;
     }
     let step = (BN_BLOCK_THREADS / g.tile_vectors) as usize;
@@ -547,11 +613,15 @@ fn resident_shape(
     if resident_rows == 0 || (share < RESIDENT_MIN_SHARE && forced != Some(true)) {
         return None;
     }
+    // Threads per feature in a block's finalize of its tile (at most a warp).
+    let lanes = (BN_BLOCK_THREADS / (geo.tile_vectors * geo.vector)).min(32);
     Some(ResidentPlan {
         geo,
         blocks: geo.tiles * geo.chunks,
         shared_bytes: (BN_COLS_SHARED_BYTES as usize + resident_rows * row_bytes) as u32,
         resident_rows: resident_rows as u32,
+        local_finalize: geo.tiles <= BARRIER_GROUPS
+            && geo.chunks.div_ceil(lanes) <= LOCAL_FINALIZE_MAX_MERGES,
     })
 }
 
@@ -914,6 +984,7 @@ fn plan_problem(
             geo: fused_geo,
             threads: BN_BLOCK_THREADS,
             usable: occ.fused_fits(mode, x_desc),
+            rows: !cols,
         },
     })
 }
@@ -944,6 +1015,10 @@ fn fused_kernel(dtype: DataType, forward: bool) -> Result<&'static str> {
         kernels::batch_norm_bwd_fused_rows(dtype)
     };
     k.ok_or_else(|| unsupported_dtype(dtype))
+}
+
+fn staged_kernel(dtype: DataType) -> Result<&'static str> {
+    kernels::batch_norm_fwd_staged_rows(dtype).ok_or_else(|| unsupported_dtype(dtype))
 }
 
 fn apply_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
@@ -1204,7 +1279,7 @@ pub fn batch_norm_forward_training(
                 ptrs[2],
                 ptrs[3],
             ];
-            if plan.fused.usable {
+            if let Some((kernel, config)) = plan.fused.forward(gpu, dtype)? {
                 let fused = &plan.fused;
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
                 fp.chunks = 1;
@@ -1219,14 +1294,9 @@ pub fn batch_norm_forward_training(
                 // x, z (with ADD) and y hold their descriptors' spans, which the
                 // geometry's offsets stay inside; the per-feature pointers cover bn_desc's
                 // span (checked), the running and saved ones used only with their flags.
-                return unsafe {
-                    gpu.launch(
-                        fused_kernel(dtype, true)?,
-                        fused.config(),
-                        &params,
-                        &one_launch,
-                    )
-                };
+                // A staged launch has shared memory for the feature's vectors, of 4 bytes
+                // or more (`FusedPlan::forward`).
+                return unsafe { gpu.launch(kernel, config, &params, &one_launch) };
             }
             if let Some(resident) = plan_resident(gpu, (dtype, true), &plan, &occ, 1)? {
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
@@ -1875,6 +1945,22 @@ mod tests {
                     per_sm * (r.shared_bytes as usize + 1024) <= 233_472,
                     "{x:?}"
                 );
+                if r.local_finalize {
+                    let lanes = (BN_BLOCK_THREADS / (g.tile_vectors * g.vector)).min(32);
+                    assert!(g.tiles <= BARRIER_GROUPS, "{x:?}");
+                    assert!(
+                        g.chunks.div_ceil(lanes) <= LOCAL_FINALIZE_MAX_MERGES,
+                        "{x:?}"
+                    );
+                }
+                // The small problems' blocks finalize their own narrow tiles; the largest,
+                // of one tile and hundreds of chunks, leave it to the grid.
+                if dt == DataType::F16 {
+                    assert_eq!(r.local_finalize, hw <= 28, "{x:?}");
+                    if r.local_finalize {
+                        assert_eq!(g.tile_vectors, LOCAL_TILE_VECTORS, "{x:?}");
+                    }
+                }
                 let kept = (r.resident_rows as usize * g.chunks as usize).min(g.red_len as usize);
                 let share = kept as f64 / g.red_len as f64;
                 if dt == DataType::F16 {
