@@ -1780,10 +1780,11 @@ unsafe fn tile_finalize<const KV: usize>(
     sync_threads_divergent();
 }
 
-/// The training forward in one launch ([`BatchNormResidentParams`]): stats, grid barrier,
-/// finalize, grid barrier, apply. Each thread's first rows are copied to shared memory
-/// (`cp.async`, no registers held) while it reduces the rest straight from memory, so
-/// those rows are read from memory once.
+/// The training forward in one launch ([`BatchNormResidentParams`]): stats, finalize
+/// ([`resident_coefficients`]: behind a barrier of the tile or of the grid), apply. Each
+/// thread's first rows are copied to shared memory (`cp.async`, no registers held) while
+/// it reduces the rest straight from memory, so those rows are read from memory once;
+/// it reduces the copied ones in two passes over shared memory ([`kept_moments`]).
 ///
 /// # Safety
 /// As `batch_norm_fwd_resident_cols_*`.
@@ -1847,7 +1848,7 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
 }
 
 /// The backward training pass in one launch ([`BatchNormResidentParams`], backward): the
-/// gradient sums, grid barrier, finalize (with the saved statistics), grid barrier, apply.
+/// gradient sums, finalize (with the saved statistics; [`resident_coefficients`]), apply.
 /// Each thread's first rows of `x`, `dy` and (behind a relu) `y` are copied to shared
 /// memory while it sums the rest straight from memory, so those rows are read once.
 ///
