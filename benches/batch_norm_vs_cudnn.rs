@@ -27,7 +27,9 @@
 //! `CUDNN_BATCHNORM_SPATIAL_PERSISTENT` mode where it accepts the problem (its fastest
 //! spatial mode), else `CUDNN_BATCHNORM_SPATIAL`; inference uses
 //! cudnnBatchNormalizationForwardInference. Training updates running statistics (factor
-//! 0.1) and saves the batch statistics; backward uses the saved statistics.
+//! 0.1) and saves the batch statistics; backward uses the saved statistics. oxidnn gets
+//! its own reserve space, so both fused backward passes read their forward's relu mask
+//! there (bytes moved still count `y`, which the API takes).
 //!
 //! Without libcudnn only oxidnn is timed; without a GPU the program says why and exits 0.
 
@@ -44,8 +46,9 @@ use cudarc::driver::CudaStream;
 use oxidnn::{
     batch_norm_backward, batch_norm_backward_workspace_size, batch_norm_forward_inference,
     batch_norm_forward_training, batch_norm_forward_training_workspace_size,
-    derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, Buffer, DataType,
-    EstimatedStats, Handle, Layout, RunningStats, SavedStats, SavedStatsRef, TensorDescriptor,
+    batch_norm_training_reserve_space_size, derive_batch_norm_descriptor, BatchNormDescriptor,
+    BatchNormMode, Buffer, DataType, EstimatedStats, Handle, Layout, RunningStats, SavedStats,
+    SavedStatsRef, TensorDescriptor,
 };
 use std::ffi::c_void;
 use std::io::Write;
@@ -214,12 +217,14 @@ struct Set {
     dscale: Buffer,
     dbias: Buffer,
     ox_workspace: Buffer,
+    /// oxidnn's reserve space (the relu mask of its fused forward).
+    ox_reserve: Buffer,
     cu_workspace: Buffer,
     reserve: Buffer,
 }
 
 impl Set {
-    fn alloc(h: &Handle, p: &Problem, ox_ws: usize, cu: (usize, usize)) -> Res<Self> {
+    fn alloc(h: &Handle, p: &Problem, ox: (usize, usize), cu: (usize, usize)) -> Res<Self> {
         let a = |bytes: usize| h.alloc_bytes(bytes).context("allocating a buffer");
         let (t, c) = (p.x.size_bytes(), p.params.size_bytes());
         Ok(Self {
@@ -236,7 +241,8 @@ impl Set {
             saved_inv_std: a(c)?,
             dscale: a(c)?,
             dbias: a(c)?,
-            ox_workspace: a(ox_ws)?,
+            ox_workspace: a(ox.0)?,
+            ox_reserve: a(ox.1)?,
             cu_workspace: a(cu.0)?,
             reserve: a(cu.1)?,
         })
@@ -562,6 +568,7 @@ fn run_oxidnn(h: &Handle, p: &Problem, pass: Pass, set: &mut Set) -> oxidnn::Res
                 inv_std: &mut set.saved_inv_std,
             }),
             &mut set.ox_workspace,
+            Some(&mut set.ox_reserve),
         ),
         Pass::FwdInfer => batch_norm_forward_inference(
             h,
@@ -609,6 +616,7 @@ fn run_oxidnn(h: &Handle, p: &Problem, pass: Pass, set: &mut Set) -> oxidnn::Res
                 inv_std: &set.saved_inv_std,
             }),
             &mut set.ox_workspace,
+            Some(&set.ox_reserve),
         ),
     }
 }
@@ -642,16 +650,18 @@ impl Group {
         let ox_ws = batch_norm_forward_training_workspace_size(h, &bn, &p.x)
             .and_then(|f| Ok(f.max(batch_norm_backward_workspace_size(h, &bn, &p.x)?)))
             .context("oxidnn's workspace size")?;
+        let ox_res = batch_norm_training_reserve_space_size(h, &bn.with_add_relu(), &p.x)
+            .context("oxidnn's reserve space size")?;
         let mut cudnn = match &b.cudnn {
             Some(cu) => CudnnProblem::new(cu, &p),
             None => Err("cuDNN not loaded".into()),
         };
         let cu_sizes = cudnn.as_ref().map_or((0, 0), |d| (d.workspace, d.reserve));
-        let first = Set::alloc(h, &p, ox_ws, cu_sizes)?;
+        let first = Set::alloc(h, &p, (ox_ws, ox_res), cu_sizes)?;
         let count = b.rotation_bytes.div_ceil(first.bytes()).max(1);
         let mut sets = vec![first];
         for _ in 1..count {
-            sets.push(Set::alloc(h, &p, ox_ws, cu_sizes)?);
+            sets.push(Set::alloc(h, &p, (ox_ws, ox_res), cu_sizes)?);
         }
         let seed = dims.iter().fold(dtype.size_bytes() as u64, |s, &d| {
             s.wrapping_mul(31).wrapping_add(d as u64)
@@ -706,7 +716,8 @@ enum Side {
 
 /// Resets what `pass` reads and poisons what it writes. Backward passes get the saved
 /// statistics (and for the fused pass y and cuDNN's reserve) from a forward pass of
-/// cuDNN's where it runs, else of oxidnn's.
+/// cuDNN's where it runs, else of oxidnn's; the fused one also gets oxidnn's reserve
+/// (its relu mask) from a forward pass of oxidnn's on the same inputs, run first.
 fn prepare(
     b: &Bench,
     p: &Problem,
@@ -723,6 +734,9 @@ fn prepare(
         };
         match (&b.cudnn, cudnn) {
             (Some(cu), Ok(d)) if !(pass.fused() && d.no_fusion.is_some()) => {
+                if pass.fused() {
+                    run_oxidnn(&b.handle, p, fwd, set).context("oxidnn forward")?;
+                }
                 run_cudnn(cu, d, fwd, set)?
             }
             _ => run_oxidnn(&b.handle, p, fwd, set).context("oxidnn forward")?,

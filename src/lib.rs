@@ -49,8 +49,9 @@ pub use ops::activation::{
 pub use ops::batch_norm::{
     batch_norm_backward, batch_norm_backward_workspace_size, batch_norm_forward_inference,
     batch_norm_forward_training, batch_norm_forward_training_workspace_size,
-    derive_batch_norm_descriptor, BatchNormDescriptor, BatchNormMode, BatchNormOps, EstimatedStats,
-    RunningStats, SavedStats, SavedStatsRef, BN_MIN_EPSILON,
+    batch_norm_training_reserve_space_size, derive_batch_norm_descriptor, BatchNormDescriptor,
+    BatchNormMode, BatchNormOps, EstimatedStats, RunningStats, SavedStats, SavedStatsRef,
+    BN_MIN_EPSILON,
 };
 pub use ops::convolution::{
     convolution_bias_activation_forward, convolution_forward, convolution_forward_output_dims,

@@ -187,6 +187,8 @@ fn check_forward_training(h: &Handle, p: &Problem, t: Training, seed: u64) {
     let mut si = upload_poisoned(h, &zeros, true);
     let ws_bytes = batch_norm_forward_training_workspace_size(h, &bn, &xd).unwrap();
     let mut ws = poisoned_workspace(h, ws_bytes);
+    let res_bytes = batch_norm_training_reserve_space_size(h, &bn, &xd).unwrap();
+    let mut reserve = poisoned_workspace(h, res_bytes.max(1));
     let add = t.ops == BatchNormOps::BnAddActivation;
     batch_norm_forward_training(
         h,
@@ -211,8 +213,12 @@ fn check_forward_training(h: &Handle, p: &Problem, t: Training, seed: u64) {
             inv_std: &mut si,
         }),
         &mut ws,
+        Some(&mut reserve),
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
+    if t.ops != BatchNormOps::Bn && h.is_gpu() {
+        check_relu_mask(h, &xd, &reserve, &yd, &y, &what);
+    }
 
     let mut want_y = y0.clone();
     let (mut want_rm, mut want_rv) = (rm0.clone(), rv0.clone());
@@ -231,6 +237,25 @@ fn check_forward_training(h: &Handle, p: &Problem, t: Training, seed: u64) {
         t.factor.map(|f| (f, &mut want_rm, &mut want_rv)),
         Some((&mut want_sm, &mut want_si)),
     );
+    // The means' magnitudes: the same statistics of |x| and |running mean| (a mean of
+    // values of either sign, and the running blend, may cancel to near zero).
+    let abs = |t: &HostTensor| HostTensor::from_fn(t.desc, |i| t.get(i).abs());
+    let (mut mag_rm, mut mag_rv) = (abs(&rm0), rv0.clone());
+    let (mut mag_sm, mut mag_si) = (zeros.clone(), zeros.clone());
+    reference::forward_training(
+        p.mode,
+        BatchNormOps::Bn,
+        1.0,
+        0.0,
+        &abs(&inputs.x),
+        None,
+        &mut y0.clone(),
+        &inputs.scale,
+        &inputs.bias,
+        t.epsilon,
+        t.factor.map(|f| (f, &mut mag_rm, &mut mag_rv)),
+        Some((&mut mag_sm, &mut mag_si)),
+    );
     check(
         h,
         &yd,
@@ -240,11 +265,12 @@ fn check_forward_training(h: &Handle, p: &Problem, t: Training, seed: u64) {
         &format!("y of {what}"),
     );
     if t.factor.is_some() {
-        check(
+        check_scaled(
             h,
             &pd,
             &rm,
             &want_rm,
+            &mag_rm,
             PARAM_TOL,
             &format!("running mean of {what}"),
         );
@@ -258,11 +284,12 @@ fn check_forward_training(h: &Handle, p: &Problem, t: Training, seed: u64) {
         );
     }
     if t.saved {
-        check(
+        check_scaled(
             h,
             &pd,
             &sm,
             &want_sm,
+            &mag_sm,
             PARAM_TOL,
             &format!("saved mean of {what}"),
         );
@@ -336,6 +363,25 @@ fn check_forward_inference(
     check(h, &yd, &y, &want, data_tol(p.dtype()), &what);
 }
 
+/// The relu mask a GPU forward training pass left in `reserve`: bit `i` (at `x`'s element
+/// offset `i`) set exactly where the stored `y` is positive.
+fn check_relu_mask(
+    h: &Handle,
+    xd: &TensorDescriptor,
+    reserve: &Buffer,
+    yd: &TensorDescriptor,
+    y: &Buffer,
+    what: &str,
+) {
+    let bits = h.read_bytes(reserve).unwrap();
+    let y = HostTensor::from_bytes(*yd, &h.read_bytes(y).unwrap());
+    for_each_index(xd.dims(), |i| {
+        let o = xd.offset_of(i);
+        let bit = (bits[o / 8] >> (o % 8)) & 1 == 1;
+        assert_eq!(bit, y.get(i) > 0.0, "{what}: relu mask bit of {i:?}");
+    });
+}
+
 /// What a backward run varies.
 #[derive(Clone, Copy, Debug)]
 struct Backward {
@@ -345,6 +391,9 @@ struct Backward {
     epsilon: f64,
     /// Use the saved statistics (else they are recomputed from `x`).
     saved: bool,
+    /// Behind a relu on the GPU: `y` and the reserve space's relu mask from a forward
+    /// training pass (else any `y` and no reserve space).
+    reserve: bool,
 }
 
 /// Runs backward on `h` and checks `dx`, `dz`, `dscale`, `dbias` against the reference.
@@ -356,7 +405,7 @@ fn check_backward(h: &Handle, p: &Problem, b: Backward, seed: u64) {
     let inputs = forward_inputs(p, seed);
     let mut r = rng(seed ^ 0xB0);
     // Any y works as the relu mask; about half of it positive.
-    let yt = random(yd, -1.0, 1.0, &mut r);
+    let mut yt = random(yd, -1.0, 1.0, &mut r);
     let dyt = random(dyd, -1.0, 1.0, &mut r);
     let (dx0, dz0) = (
         random(dxd, -1.0, 1.0, &mut r),
@@ -381,7 +430,35 @@ fn check_backward(h: &Handle, p: &Problem, b: Backward, seed: u64) {
         Some((&mut sm, &mut si)),
     );
     let up = |t: &HostTensor| upload_poisoned(h, t, false);
-    let (x, y, dy, scale) = (up(&inputs.x), up(&yt), up(&dyt), up(&inputs.scale));
+    let (x, mut y, dy, scale) = (up(&inputs.x), up(&yt), up(&dyt), up(&inputs.scale));
+    let relu = b.ops != BatchNormOps::Bn;
+    let reserve = (b.reserve && relu && h.is_gpu()).then(|| {
+        let res_bytes = batch_norm_training_reserve_space_size(h, &bn, &xd).unwrap();
+        let mut reserve = poisoned_workspace(h, res_bytes);
+        let fwd_ws = batch_norm_forward_training_workspace_size(h, &bn, &xd).unwrap();
+        let z = up(&random(dyd, -1.0, 1.0, &mut r));
+        batch_norm_forward_training(
+            h,
+            &bn,
+            1.0,
+            0.0,
+            &xd,
+            &x,
+            (b.ops == BatchNormOps::BnAddActivation).then_some((&dyd, &z)),
+            &yd,
+            &mut y,
+            &pd,
+            &scale,
+            &up(&inputs.bias),
+            None,
+            None,
+            &mut poisoned_workspace(h, fwd_ws),
+            Some(&mut reserve),
+        )
+        .unwrap_or_else(|e| panic!("{what}: forward: {e}"));
+        yt = HostTensor::from_bytes(yd, &h.read_bytes(&y).unwrap());
+        reserve
+    });
     let (smb, sib) = (up(&sm), up(&si));
     let (alpha_d, beta_d) = b.data;
     let (alpha_p, beta_p) = b.param;
@@ -391,10 +468,7 @@ fn check_backward(h: &Handle, p: &Problem, b: Backward, seed: u64) {
     let mut db = upload_poisoned(h, &db0, beta_p == 0.0);
     let ws_bytes = batch_norm_backward_workspace_size(h, &bn, &xd).unwrap();
     let mut ws = poisoned_workspace(h, ws_bytes);
-    let (relu, add) = (
-        b.ops != BatchNormOps::Bn,
-        b.ops == BatchNormOps::BnAddActivation,
-    );
+    let add = b.ops == BatchNormOps::BnAddActivation;
     batch_norm_backward(
         h,
         &bn,
@@ -419,6 +493,7 @@ fn check_backward(h: &Handle, p: &Problem, b: Backward, seed: u64) {
             inv_std: &sib,
         }),
         &mut ws,
+        reserve.as_ref(),
     )
     .unwrap_or_else(|e| panic!("{what}: {e}"));
     let (mut want_dx, mut want_dz) = (dx0.clone(), dz0.clone());
@@ -504,6 +579,7 @@ fn reference_normalizes_and_updates_running_statistics_as_cudnn_defines() {
             inv_std: &mut si,
         }),
         &mut ws,
+        None,
     )
     .unwrap();
     let inv = 1.0 / (5.0f64 + eps).sqrt();
@@ -718,6 +794,7 @@ fn running_statistics_become_the_cumulative_average_with_factor_one_over_n() {
                         }),
                         None,
                         &mut ws,
+                        None,
                     )
                     .unwrap();
                 }
@@ -759,6 +836,7 @@ fn cpu_handle_runs_every_pass_on_f64_with_any_layout() {
                 param: (1.0, 1.0),
                 epsilon: 1e-5,
                 saved: false,
+                reserve: true,
             };
             check_backward(&h, &p, b, 3);
         }
@@ -813,10 +891,12 @@ proptest! {
     #[test]
     fn gpu_backward_matches_reference(
         p in problem(6000), ops in ops(), data in alpha_beta(), param in alpha_beta(),
-        epsilon in epsilon(), saved in any::<bool>(), seed in any::<u64>(),
+        epsilon in epsilon(), saved in any::<bool>(), reserve in any::<bool>(),
+        seed in any::<u64>(),
     ) {
         with_gpu("gpu_backward_matches_reference", |h| {
-            check_backward(h, &p, Backward { ops, data, param, epsilon, saved }, seed);
+            let b = Backward { ops, data, param, epsilon, saved, reserve };
+            check_backward(h, &p, b, seed);
         });
     }
 }
@@ -855,6 +935,7 @@ fn gpu_resnet_like_shapes_in_nchw_and_nhwc() {
                             param: (1.0, 0.0),
                             epsilon: 1e-5,
                             saved: ops == BatchNormOps::Bn,
+                            reserve: true,
                         };
                         check_backward(h, &p, b, seed + 1);
                     }
@@ -872,11 +953,14 @@ fn gpu_resnet_like_shapes_in_nchw_and_nhwc() {
     });
 }
 
-/// Training forward then backward (saved statistics) of `p`, plain and fused with add +
-/// relu with blended outputs and parameter gradients; seeds `seed` and `seed + 1`.
+/// Training forward then backward (saved statistics) of `p`: plain, fused with add + relu
+/// as a network runs it (alpha 1, beta 0: the kernels' constant epilogue; the backward
+/// reads the relu mask from the reserve space), and fused with blended outputs and
+/// parameter gradients (the backward reads `y`); seeds `seed` and `seed + 1`.
 fn check_training_plain_and_fused(h: &Handle, p: &Problem, seed: u64) {
     for (ops, blend) in [
         (BatchNormOps::Bn, (1.0, 0.0)),
+        (BatchNormOps::BnAddActivation, (1.0, 0.0)),
         (BatchNormOps::BnAddActivation, (0.75, 0.5)),
     ] {
         let t = Training {
@@ -893,6 +977,8 @@ fn check_training_plain_and_fused(h: &Handle, p: &Problem, seed: u64) {
             param: (0.5, 0.25),
             epsilon: 1e-5,
             saved: true,
+            // The mask as a network's reserve space carries it, and y, blended.
+            reserve: blend == (1.0, 0.0),
         };
         check_backward(h, p, b, seed + 1);
     }
@@ -965,6 +1051,7 @@ fn gpu_per_activation_mode_in_every_layout() {
                         param: (1.0, 0.0),
                         epsilon: 1e-4,
                         saved: false,
+                        reserve: true,
                     };
                     check_backward(h, &p, b, 12);
                 }
@@ -1009,6 +1096,7 @@ fn gpu_statistics_stay_accurate_on_a_large_offset() {
                     inv_std: &mut si,
                 }),
                 &mut ws,
+                None,
             )
             .unwrap();
             let stats = reference::BatchStats::of(BatchNormMode::Spatial, &xt);
@@ -1096,12 +1184,13 @@ fn gpu_results_are_bitwise_reproducible() {
                         inv_std: &mut si,
                     }),
                     &mut ws,
+                    None,
                 )
                 .unwrap();
                 // Statistics recomputed from x, then the saved ones.
                 batch_norm_backward(
                     h, &bn, 1.0, 0.0, 1.0, 0.0, &xd, &x, None, &xd, &dy, None, &xd, &mut dx, &pd,
-                    &scale, &mut ds, &mut db, None, &mut ws,
+                    &scale, &mut ds, &mut db, None, &mut ws, None,
                 )
                 .unwrap();
                 let (mut dx2, mut ds2, mut db2) = (
@@ -1134,6 +1223,7 @@ fn gpu_results_are_bitwise_reproducible() {
                     &mut db2,
                     Some(saved),
                     &mut ws,
+                    None,
                 )
                 .unwrap();
                 [&y, &rm, &rv, &sm, &si, &dx, &ds, &db, &dx2, &ds2, &db2]
@@ -1237,6 +1327,7 @@ impl Fixture {
                 inv_std: &mut self.si,
             }),
             &mut self.ws,
+            None,
         )
     }
 }
@@ -1310,6 +1401,7 @@ fn fused_operands_must_match_the_ops() {
         // The add needs z; plain bn takes none.
         let r = batch_norm_forward_training(
             h, &add, 1.0, 0.0, &xd, &x, None, &xd, &mut y, &pd, &scale, &bias, None, None, &mut ws,
+            None,
         );
         assert_bad(r, "z");
         let plain = BatchNormDescriptor::new(BatchNormMode::Spatial, 1e-5).unwrap();
@@ -1329,6 +1421,7 @@ fn fused_operands_must_match_the_ops() {
             None,
             None,
             &mut ws,
+            None,
         );
         assert_bad(r, "z");
         // Backward with relu needs y; with the add, dz.
@@ -1355,6 +1448,7 @@ fn fused_operands_must_match_the_ops() {
             &mut db,
             None,
             &mut ws,
+            None,
         );
         assert_bad(r, "y");
         let r = batch_norm_backward(
@@ -1378,8 +1472,62 @@ fn fused_operands_must_match_the_ops() {
             &mut db,
             None,
             &mut ws,
+            None,
         );
         assert_bad(r, "dz");
+        // The reserve space holds the relu mask, a bit per element of x's span; short,
+        // it is refused by the forward and the backward.
+        let need = batch_norm_training_reserve_space_size(h, &add, &xd).unwrap();
+        assert_eq!(need, xd.span_elements().div_ceil(32) * 4);
+        assert_eq!(
+            batch_norm_training_reserve_space_size(h, &plain, &xd).unwrap(),
+            0
+        );
+        let mut short = h.alloc_bytes(need - 4).unwrap();
+        let r = batch_norm_forward_training(
+            h,
+            &add,
+            1.0,
+            0.0,
+            &xd,
+            &x,
+            Some((&xd, &x)),
+            &xd,
+            &mut y,
+            &pd,
+            &scale,
+            &bias,
+            None,
+            None,
+            &mut ws,
+            Some(&mut short),
+        );
+        assert_short(r, "reserve");
+        let mut dz = h.alloc(&xd).unwrap();
+        let r = batch_norm_backward(
+            h,
+            &add,
+            1.0,
+            0.0,
+            1.0,
+            0.0,
+            &xd,
+            &x,
+            Some((&xd, &x)),
+            &xd,
+            &x,
+            Some((&xd, &mut dz)),
+            &xd,
+            &mut dx,
+            &pd,
+            &scale,
+            &mut ds,
+            &mut db,
+            None,
+            &mut ws,
+            Some(&short),
+        );
+        assert_short(r, "reserve");
         // Non-finite blend factors.
         let r = batch_norm_backward(
             h,
@@ -1402,6 +1550,7 @@ fn fused_operands_must_match_the_ops() {
             &mut db,
             None,
             &mut ws,
+            None,
         );
         assert_bad(r, "beta_data");
     }
@@ -1452,7 +1601,7 @@ fn short_buffers_and_a_short_workspace_are_rejected() {
             );
             let r = batch_norm_backward(
                 h, &f.bn, 1.0, 0.0, 1.0, 0.0, &xd, &f.x, None, &xd, &f.x, None, &xd, &mut dx, &pd,
-                &f.scale, &mut ds, &mut db, None, &mut ws,
+                &f.scale, &mut ds, &mut db, None, &mut ws, None,
             );
             assert!(matches!(r, Err(Error::WorkspaceTooSmall { .. })), "{r:?}");
         }

@@ -43,6 +43,12 @@
 //!
 //! Inference is one apply launch whose coefficients come from the estimated statistics.
 //!
+//! *Relu mask*: given a `relu_mask` (the training reserve space), forward training also
+//! stores whether each stored `y` is positive, one bit per element at `x`'s element
+//! offset, and the backward reads those bits instead of `y` (a sixteenth of an f16 `y`'s
+//! bytes). Every kernel given one requires it to hold a bit for each offset of `x`'s span
+//! and to be 4-byte aligned.
+//!
 //! *Rows* kernels (the reduction is contiguous, e.g. NCHW spatial) give each block one
 //! feature and a chunk of its reduction; *cols* kernels (features contiguous, e.g. NHWC, or
 //! per-activation mode) give each thread a vector of features and a strided set of rows.
@@ -68,6 +74,8 @@ use oxidnn_params::{
 /// three operands (backward) before any is used.
 const FWD_UNROLL: usize = 4;
 const BWD_UNROLL: usize = 2;
+/// Loads of `y` in flight per thread as the resident backward masks its stashed rows.
+const KEPT_MASK_UNROLL: usize = 4;
 
 // ---------------------------------------------------------------------------------------
 // Accumulators
@@ -298,13 +306,74 @@ fn relu(v: f32) -> f32 {
     activation(ActivationKind::Relu, 0.0, v, false)
 }
 
-/// The gradient reaching the normalization: `dy`, masked by `y > 0` behind a relu.
+/// Where the backward finds the relu's mask: no relu, `y > 0`, or the relu mask's bits
+/// (what the forward wrote to the reserve space: the same test on the stored `y`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Relu {
+    Off,
+    FromY,
+    FromBits,
+}
+
+impl Relu {
+    /// From the flags ([`bn_flags::RELU`]) and the relu mask (null: read `y`).
+    #[inline(always)]
+    fn of(flags: u32, mask: *const u32) -> Self {
+        match (flags & bn_flags::RELU != 0, mask.is_null()) {
+            (false, _) => Relu::Off,
+            (true, true) => Relu::FromY,
+            (true, false) => Relu::FromBits,
+        }
+    }
+
+    /// The gradient reaching the normalization from `dy` of a vector's element `e`:
+    /// masked by `y > 0` (`relu` holds the vector's raw `y`, or its mask bits in word 0).
+    #[inline(always)]
+    fn masked<T: Element, const KV: usize>(self, dy: [f32; KV], relu: Vec16) -> [f32; KV] {
+        match self {
+            Relu::Off => dy,
+            Relu::FromY => {
+                let y = unpack::<T, KV>(relu);
+                core::array::from_fn(|e| if y[e] > 0.0 { dy[e] } else { 0.0 })
+            }
+            Relu::FromBits => {
+                core::array::from_fn(|e| if (relu[0] >> e) & 1 != 0 { dy[e] } else { 0.0 })
+            }
+        }
+    }
+}
+
+/// The relu mask's bits of the `KV` elements at offset `o` of `x`'s layout (bit `e` for
+/// element `o + e`).
+///
+/// # Safety
+/// `mask` holds bit `o + KV - 1`.
 #[inline(always)]
-fn masked(relu: bool, dy: f32, y: f32) -> f32 {
-    if !relu || y > 0.0 {
-        dy
+unsafe fn load_relu_bits<const KV: usize>(mask: *const u32, o: u64) -> u32 {
+    let byte = *(mask as *const u8).add((o / 8) as usize) as u32;
+    (byte >> (o % 8)) & ((1 << KV) - 1)
+}
+
+/// Stores the relu mask's bits of the `KV` elements at offset `o`: bit `e` says whether
+/// `out[e]`, as stored in `T`, is positive. A vector of 8 is one byte (`o` is a multiple
+/// of 8 there); fewer elements update their bits of a shared word atomically.
+///
+/// # Safety
+/// `mask` holds bit `o + KV - 1` and is 4-byte aligned.
+#[inline(always)]
+unsafe fn store_relu_bits<T: Element, const KV: usize>(mask: *mut u32, o: u64, out: &[f32; KV]) {
+    let mut bits = 0u32;
+    crate::unrolled!(e in KV => {
+        if T::from_f32(out[e]).to_f32() > 0.0 {
+            bits |= 1 << e;
+        }
+    });
+    if KV == 8 {
+        *(mask as *mut u8).add((o / 8) as usize) = bits as u8;
     } else {
-        0.0
+        let shift = (o % 32) as u32;
+        let word = mask.add((o / 32) as usize);
+        device::red_global_assign_bits(word, ((1 << KV) - 1) << shift, bits << shift);
     }
 }
 
@@ -655,40 +724,65 @@ unsafe fn write_grad<T: Element, const KV: usize>(
 /// Raw words of the backward inputs of one vector: `x`, `dy`, and `y` (behind a relu).
 type BwdLoad = [Vec16; 3];
 
-/// Loads [`BwdLoad`] at the offsets `o` (slots `X`, `Y`, `Z_OR_DY`); `last`: streaming
-/// loads (the apply pass reads them for the last time).
+/// [`load_raw`], or with `last` [`load_last`].
 ///
 /// # Safety
-/// As [`load_raw`] for each operand (`y` only with `relu`).
+/// As [`load_raw`], read-only.
+#[inline(always)]
+unsafe fn load_ro<T: Element, const KV: usize>(last: bool, p: *const T, off: u64) -> Vec16 {
+    if last {
+        load_last::<T, KV>(p, off)
+    } else {
+        load_raw::<T, KV>(p, off, true)
+    }
+}
+
+/// The relu's view of the vector at offsets `o` (the last of [`BwdLoad`]): `y` (slot
+/// `Y`), the mask bits of `x`'s offset, or nothing.
+///
+/// # Safety
+/// As [`load_raw`] for `y` ([`Relu::FromY`]), as [`load_relu_bits`] for the mask.
+#[inline(always)]
+unsafe fn load_relu<T: Element, const KV: usize>(
+    relu: Relu,
+    last: bool,
+    y: *const T,
+    mask: *const u32,
+    o: [u64; 6],
+) -> Vec16 {
+    match relu {
+        Relu::Off => [0; 4],
+        Relu::FromY => load_ro::<T, KV>(last, y, o[Y]),
+        Relu::FromBits => [load_relu_bits::<KV>(mask, o[X]), 0, 0, 0],
+    }
+}
+
+/// Loads [`BwdLoad`] at the offsets `o` (slots `X`, `Z_OR_DY`, and the relu's); `last`:
+/// streaming loads (the apply pass reads them for the last time).
+///
+/// # Safety
+/// As [`load_raw`] for `x` and `dy`, and as [`load_relu`].
 #[inline(always)]
 unsafe fn load_bwd<T: Element, const KV: usize>(
-    relu: bool,
+    relu: Relu,
     last: bool,
     x: *const T,
-    y: *const T,
+    (y, mask): (*const T, *const u32),
     dy: *const T,
     o: [u64; 6],
 ) -> BwdLoad {
-    let one = |p: *const T, off: u64| {
-        if last {
-            load_last::<T, KV>(p, off)
-        } else {
-            load_raw::<T, KV>(p, off, true)
-        }
-    };
-    let yv = if relu { one(y, o[Y]) } else { [0; 4] };
-    [one(x, o[X]), one(dy, o[Z_OR_DY]), yv]
+    [
+        load_ro::<T, KV>(last, x, o[X]),
+        load_ro::<T, KV>(last, dy, o[Z_OR_DY]),
+        load_relu::<T, KV>(relu, last, y, mask, o),
+    ]
 }
 
 /// `(g, x)` of one [`BwdLoad`]: the masked gradient and the input.
 #[inline(always)]
-fn grads<T: Element, const KV: usize>(relu: bool, v: BwdLoad) -> ([f32; KV], [f32; KV]) {
-    let (xv, dyv, yv) = (
-        unpack::<T, KV>(v[0]),
-        unpack::<T, KV>(v[1]),
-        unpack::<T, KV>(v[2]),
-    );
-    (core::array::from_fn(|e| masked(relu, dyv[e], yv[e])), xv)
+fn grads<T: Element, const KV: usize>(relu: Relu, v: BwdLoad) -> ([f32; KV], [f32; KV]) {
+    let dy = unpack::<T, KV>(v[1]);
+    (relu.masked::<T, KV>(dy, v[2]), unpack::<T, KV>(v[0]))
 }
 
 /// Element offsets of every operand: the feature's base plus the reduction offsets.
@@ -714,7 +808,8 @@ unsafe fn bwd_sums_rows<T: Element, const KV: usize>(
     w: &Work,
 ) -> Acc<1> {
     let g = &p.geo;
-    let relu = p.flags & bn_flags::RELU != 0;
+    let mask = p.relu_mask as *const u32;
+    let relu = Relu::of(p.flags, mask);
     let base = g.feat.offsets(w.f0);
     let mean = saved_mean(p, w.f0, coef, saved);
     let at = #[inline(always)]
@@ -735,7 +830,7 @@ unsafe fn bwd_sums_rows<T: Element, const KV: usize>(
         w.range(),
         &mut acc,
         #[inline(always)]
-        |j| load_bwd::<T, KV>(relu, false, x, y, dy, at(j)),
+        |j| load_bwd::<T, KV>(relu, false, x, (y, mask), dy, at(j)),
         #[inline(always)]
         |acc, j, v| {
             crate::unrolled!(u in BWD_UNROLL => add(acc, j + u as u32 * w.step, v[u]));
@@ -781,7 +876,8 @@ unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
     partials: *mut BatchNormPartial,
 ) {
     let g = &p.geo;
-    let relu = p.flags & bn_flags::RELU != 0;
+    let mask = p.relu_mask as *const u32;
+    let relu = Relu::of(p.flags, mask);
     let w = cols_work::<KV>(g, block_idx_x());
     let mut acc = Acc::<KV>::EMPTY;
     if w.active {
@@ -800,7 +896,7 @@ unsafe fn bwd_stats_cols<T: Element, const KV: usize>(
             w.range(),
             &mut acc,
             #[inline(always)]
-            |r| load_bwd::<T, KV>(relu, false, x, y, dy, at(r)),
+            |r| load_bwd::<T, KV>(relu, false, x, (y, mask), dy, at(r)),
             #[inline(always)]
             |acc, r, v| {
                 crate::unrolled!(u in BWD_UNROLL => add(acc, r + u as u32 * w.step, v[u]));
@@ -1193,6 +1289,8 @@ struct FwdIo<T> {
     x: *const T,
     z: *const T,
     y: *mut T,
+    /// The relu mask to write (the apply parameters' `relu_mask`), or null.
+    mask: *mut u32,
 }
 
 /// Raw words of the forward inputs of one vector: `x`, `z` (with `ADD`).
@@ -1229,6 +1327,9 @@ unsafe fn fwd_one<T: Element, const KV: usize>(
         out[e] = blend(ep.alpha, v, ep.beta, || old[e]);
     });
     store_last::<T, KV>(io.y, o[Y], out);
+    if ep.flags & bn_flags::RELU != 0 && !io.mask.is_null() {
+        store_relu_bits::<T, KV>(io.mask, o[X], &out);
+    }
 }
 
 /// The residual `z` at offsets `o` (with `ADD`; zeros otherwise).
@@ -1351,6 +1452,8 @@ struct BwdIo<T> {
     dy: *const T,
     dx: *mut T,
     dz: *mut T,
+    /// The relu mask to read instead of `y` (the apply parameters' `relu_mask`), or null.
+    mask: *const u32,
 }
 
 /// Makes and stores the backward outputs of one vector at offsets `o`: `dx` and (with
@@ -1366,7 +1469,7 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
     o: [u64; 6],
     v: BwdLoad,
 ) {
-    let (grad, xv) = grads::<T, KV>(ep.flags & bn_flags::RELU != 0, v);
+    let (grad, xv) = grads::<T, KV>(Relu::of(ep.flags, io.mask), v);
     let read_old = ep.beta != 0.0;
     let old = if read_old {
         load::<T, KV>(io.dx, o[DX], false)
@@ -1483,8 +1586,8 @@ unsafe fn bwd_from_memory<T: Element, const KV: usize>(
     p: &BatchNormApplyParams,
     io: BwdIo<T>,
 ) -> impl Fn(u32, [u64; 6]) -> BwdLoad {
-    let relu = p.flags & bn_flags::RELU != 0;
-    move |_, o| load_bwd::<T, KV>(relu, true, io.x, io.y, io.dy, o)
+    let relu = Relu::of(p.flags, io.mask);
+    move |_, o| load_bwd::<T, KV>(relu, true, io.x, (io.y, io.mask), io.dy, o)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1603,6 +1706,7 @@ unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
         geo: p.apply.geo,
         flags: p.apply.flags & bn_flags::RELU,
         _pad: 0,
+        relu_mask: p.apply.relu_mask,
     };
     let w = rows_work(g, block_idx_x());
     // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
@@ -1802,7 +1906,8 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
     let w = cols_work::<KV>(g, block_idx_x());
     let stash = Stash::of(g, &w);
     // The thread's rows kept on chip, and those read from memory twice (resident_rows is
-    // a multiple of the step, so both are progressions of the same step).
+    // a multiple of the step, so both are progressions of the same step, or the whole
+    // chunk, and none are streamed).
     let kept = (
         w.first,
         core::cmp::min(w.end, w.first + p.resident_rows),
@@ -1849,8 +1954,13 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
 
 /// The backward training pass in one launch ([`BatchNormResidentParams`], backward): the
 /// gradient sums, finalize (with the saved statistics; [`resident_coefficients`]), apply.
-/// Each thread's first rows of `x`, `dy` and (behind a relu) `y` are copied to shared
-/// memory while it sums the rest straight from memory, so those rows are read once.
+/// Each thread keeps two vectors of its first rows in shared memory, `x` and the gradient
+/// reaching the normalization, so those rows are read once: `x` and `dy` are copied
+/// (`cp.async`) while it sums the other rows straight from memory; behind a relu, the
+/// rows' `y` then masks `dy` in place into `g` (exact in `T`). With
+/// [`bn_flags::WRITE_GRAD`] (add + relu, blend 1 and 0) the sums also store every row's
+/// `g` as `dz`, its final value, and the apply reads the other rows' `g` back from `dz`
+/// instead of `dy` and `y`.
 ///
 /// # Safety
 /// As `batch_norm_bwd_resident_cols_*`.
@@ -1865,10 +1975,11 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
 ) {
     let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
     let g = &ap.geo;
-    let relu = ap.flags & bn_flags::RELU != 0;
+    let relu = Relu::of(ap.flags, io.mask);
+    let grad_in_dz = ap.flags & bn_flags::WRITE_GRAD != 0;
     let w = cols_work::<KV>(g, block_idx_x());
     let stash = Stash::of(g, &w);
-    // The stashed operands' regions, in BwdLoad's order: x, dy, y (behind a relu).
+    // The stashed operands' regions: x, then g (dy without a relu).
     let region = p.resident_rows << stash.row_log2;
     let kept = (
         w.first,
@@ -1879,15 +1990,13 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     let base = g.feat.offsets(w.f0);
     let at = #[inline(always)]
     |r: u32| plus(base, g.red.offsets(r));
+    // SAFETY (every shared access below): the stash slots lie in the launch's dynamic
+    // shared memory (sized by the host for resident_rows rows of the two stashed
+    // operands); each vector is 16 bytes, 16-byte aligned; only this thread uses them.
     let from_stash = #[inline(always)]
     |r: u32, _: [u64; 6]| -> BwdLoad {
         let s = stash.at(r);
-        let yv = if relu {
-            ld_shared_v4(s + 2 * region)
-        } else {
-            [0; 4]
-        };
-        [ld_shared_v4(s), ld_shared_v4(s + region), yv]
+        [ld_shared_v4(s), ld_shared_v4(s + region), [0; 4]]
     };
     let mut acc = Acc::<KV>::EMPTY;
     if w.active {
@@ -1895,41 +2004,72 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
             *out.saved_mean
                 .add(g.feat.offsets(w.f0 + e as u32)[PARAM] as usize)
         });
+        // One row's inputs into the sums (and with WRITE_GRAD its g into dz); returns g.
+        let add = #[inline(always)]
+        |acc: &mut Acc<KV>, r: u32, v: BwdLoad| -> [f32; KV] {
+            let (gr, xv) = grads::<T, KV>(relu, v);
+            if grad_in_dz {
+                store::<T, KV>(io.dz, at(r)[DZ], gr);
+            }
+            let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
+            acc.add_grads(1.0, gr, gx);
+            gr
+        };
+        // The kept rows' x and dy, all in flight at once while the other rows are summed.
         let mut r = kept.0;
         while r < kept.1 {
             let (s, o) = (stash.at(r), at(r));
-            // SAFETY: the stash slots lie in the launch's dynamic shared memory (sized by
-            // the host for resident_rows rows of each stashed operand); each vector is 16
-            // bytes, 16-byte aligned.
             cp_async_16(s, io.x.add(o[X] as usize) as *const u8, 16);
             cp_async_16(s + region, io.dy.add(o[Z_OR_DY] as usize) as *const u8, 16);
-            if relu {
-                cp_async_16(s + 2 * region, io.y.add(o[Y] as usize) as *const u8, 16);
-            }
             r += kept.2;
         }
         cp_async_commit();
-        let add = #[inline(always)]
-        |acc: &mut Acc<KV>, v: BwdLoad| {
-            let (gr, xv) = grads::<T, KV>(relu, v);
-            let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
-            acc.add_grads(1.0, gr, gx);
-        };
         visit::<BWD_UNROLL, BwdLoad, _>(
             streamed,
             &mut acc,
             #[inline(always)]
-            |r| load_bwd::<T, KV>(relu, false, io.x, io.y, io.dy, at(r)),
+            |r| load_bwd::<T, KV>(relu, false, io.x, (io.y, io.mask), io.dy, at(r)),
             #[inline(always)]
-            |acc, _, v| crate::unrolled!(u in BWD_UNROLL => add(acc, v[u])),
+            |acc, r, v| {
+                crate::unrolled!(u in BWD_UNROLL => {
+                    add(acc, r + u as u32 * w.step, v[u]);
+                });
+            },
             #[inline(always)]
-            |acc, _, v| add(acc, v),
+            |acc, r, v| {
+                add(acc, r, v);
+            },
         );
-        cp_async_wait(0);
-        let mut r = kept.0;
-        while r < kept.1 {
-            add(&mut acc, from_stash(r, [0; 6]));
-            r += kept.2;
+        if relu != Relu::Off {
+            // The kept rows' y or mask bits from memory (a few rows in flight): the
+            // stash's dy becomes g. (Only the first wait has copies to wait for.)
+            let keep = #[inline(always)]
+            |acc: &mut Acc<KV>, r: u32, yv: Vec16| {
+                cp_async_wait(0);
+                let [xv, dyv, _] = from_stash(r, [0; 6]);
+                let gr = add(acc, r, [xv, dyv, yv]);
+                st_shared_v4(stash.at(r) + region, T::pack::<KV>(gr));
+            };
+            visit::<KEPT_MASK_UNROLL, Vec16, _>(
+                kept,
+                &mut acc,
+                #[inline(always)]
+                |r| load_relu::<T, KV>(relu, false, io.y, io.mask, at(r)),
+                #[inline(always)]
+                |acc, r, v| {
+                    crate::unrolled!(u in KEPT_MASK_UNROLL => {
+                        keep(acc, r + u as u32 * w.step, v[u])
+                    });
+                },
+                keep,
+            );
+        } else {
+            cp_async_wait(0);
+            let mut r = kept.0;
+            while r < kept.1 {
+                add(&mut acc, r, from_stash(r, [0; 6]));
+                r += kept.2;
+            }
         }
     }
     let total = cols_reduce(g, acc, merge_sums);
@@ -1944,18 +2084,41 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     if !w.active {
         return;
     }
-    let from_memory = bwd_from_memory::<T, KV>(ap, io);
-    bwd_apply::<T, KV, BWD_UNROLL>(
-        ap,
-        io,
-        streamed,
-        mirror_of(streamed),
-        base,
-        1,
-        &c,
-        from_memory,
-    );
-    bwd_apply::<T, KV, 1>(ap, io, kept, 0, base, 1, &c, from_stash);
+    // The apply of the rows whose g is at hand (stashed, or in dz): no mask, and no dz to
+    // write where WRITE_GRAD wrote it.
+    let written = if grad_in_dz { bn_flags::ADD } else { 0 };
+    let on_g = BatchNormApplyParams {
+        flags: ap.flags & !(bn_flags::RELU | written),
+        ..*ap
+    };
+    if grad_in_dz {
+        // SAFETY: dz at these offsets was written by this thread in the sums above;
+        // vectors of 16 bytes, 16-byte aligned (the host's vector width covers dz).
+        let from_dz = #[inline(always)]
+        |_: u32, o: [u64; 6]| -> BwdLoad {
+            let dz = io.dz.add(o[DZ] as usize) as *const u32;
+            [
+                load_last::<T, KV>(io.x, o[X]),
+                device::ld_global_cs_v4(dz),
+                [0; 4],
+            ]
+        };
+        let streamed_mirror = mirror_of(streamed);
+        bwd_apply::<T, KV, BWD_UNROLL>(&on_g, io, streamed, streamed_mirror, base, 1, &c, from_dz);
+    } else {
+        let from_memory = bwd_from_memory::<T, KV>(ap, io);
+        bwd_apply::<T, KV, BWD_UNROLL>(
+            ap,
+            io,
+            streamed,
+            mirror_of(streamed),
+            base,
+            1,
+            &c,
+            from_memory,
+        );
+    }
+    bwd_apply::<T, KV, 1>(&on_g, io, kept, 0, base, 1, &c, from_stash);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2033,7 +2196,7 @@ macro_rules! batch_norm_entry_points {
                 coef: *const BatchNormCoef, scale: *const f32, bias: *const f32,
                 mean: *const f32, var: *const f32,
             ) {
-                let io = FwdIo { x, z, y };
+                let io = FwdIo { x, z, y, mask: p.relu_mask as *mut u32 };
                 by_width!($T, p.geo.vector, fwd_apply_rows(&p, io, coef, scale, bias, mean, var))
             }
 
@@ -2045,7 +2208,7 @@ macro_rules! batch_norm_entry_points {
                 coef: *const BatchNormCoef, scale: *const f32, bias: *const f32,
                 mean: *const f32, var: *const f32,
             ) {
-                let io = FwdIo { x, z, y };
+                let io = FwdIo { x, z, y, mask: p.relu_mask as *mut u32 };
                 by_width!($T, p.geo.vector, fwd_apply_cols(&p, io, coef, scale, bias, mean, var))
             }
 
@@ -2057,7 +2220,7 @@ macro_rules! batch_norm_entry_points {
                 p: BatchNormApplyParams, x: *const $T, y: *const $T, dy: *const $T,
                 dx: *mut $T, dz: *mut $T, coef: *const BatchNormCoef,
             ) {
-                let io = BwdIo { x, y, dy, dx, dz };
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.relu_mask as *const u32 };
                 by_width!($T, p.geo.vector, bwd_apply_rows(&p, io, coef))
             }
 
@@ -2068,7 +2231,7 @@ macro_rules! batch_norm_entry_points {
                 p: BatchNormApplyParams, x: *const $T, y: *const $T, dy: *const $T,
                 dx: *mut $T, dz: *mut $T, coef: *const BatchNormCoef,
             ) {
-                let io = BwdIo { x, y, dy, dx, dz };
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.relu_mask as *const u32 };
                 by_width!($T, p.geo.vector, bwd_apply_cols(&p, io, coef))
             }
             /// # Safety
@@ -2081,7 +2244,7 @@ macro_rules! batch_norm_entry_points {
                 scale: *const f32, bias: *const f32, running_mean: *mut f32,
                 running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
             ) {
-                let io = FwdIo { x, z, y };
+                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
                 by_width!($T, p.apply.geo.vector, fwd_fused_rows(&p, io, &out))
             }
@@ -2096,7 +2259,7 @@ macro_rules! batch_norm_entry_points {
                 scale: *const f32, bias: *const f32, running_mean: *mut f32,
                 running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
             ) {
-                let io = FwdIo { x, z, y };
+                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
                 by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
             }
@@ -2111,7 +2274,7 @@ macro_rules! batch_norm_entry_points {
                 dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
                 saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
             ) {
-                let io = BwdIo { x, y, dy, dx, dz };
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.apply.relu_mask as *const u32 };
                 // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
                 let stats = saved_mean as *const BatchNormCoef;
                 let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
@@ -2140,7 +2303,7 @@ macro_rules! batch_norm_resident_entry_points {
                 running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
                 partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, barrier: *mut u32,
             ) {
-                let io = FwdIo { x, z, y };
+                let io = FwdIo { x, z, y, mask: p.fused.apply.relu_mask as *mut u32 };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
                 fwd_resident_cols::<$T, { 16 / size_of::<$T>() }>(&p, io, &out, partials, coef, barrier)
             }
@@ -2159,7 +2322,7 @@ macro_rules! batch_norm_resident_entry_points {
                 saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
                 partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, barrier: *mut u32,
             ) {
-                let io = BwdIo { x, y, dy, dx, dz };
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.fused.apply.relu_mask as *const u32 };
                 // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
                 let stats = saved_mean as *const BatchNormCoef;
                 let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };

@@ -425,6 +425,39 @@ pub unsafe fn ld_global_nc_cs_v4(p: *const u32) -> Vec16 {
     [a, b, c, d]
 }
 
+/// A 16-byte coherent load marked streaming (`.cs`: evict first from L1 and L2), for data
+/// this launch wrote earlier (through the same thread) and reads for the last time.
+///
+/// # Safety
+/// As [`ld_global_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_cs_v4(p: *const u32) -> Vec16 {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.global.cs.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        p = in(reg64) p,
+        options(readonly, nostack, preserves_flags),
+    );
+    [a, b, c, d]
+}
+
+/// Atomically clears the bits of `clear` and then sets those of `set` in the global word
+/// at `p` (two relaxed reductions, ordered as this thread's accesses to one address are):
+/// threads that own disjoint bits of a word update them without a race.
+///
+/// # Safety
+/// `p` is 4-byte aligned and points into global memory.
+#[inline(always)]
+pub unsafe fn red_global_assign_bits(p: *mut u32, clear: u32, set: u32) {
+    asm!(
+        "red.relaxed.gpu.global.and.b32 [{p}], {c};",
+        "red.relaxed.gpu.global.or.b32 [{p}], {s};",
+        p = in(reg64) p, c = in(reg32) !clear, s = in(reg32) set,
+        options(nostack, preserves_flags),
+    );
+}
+
 /// A 16-byte store marked streaming (`.cs`: evict first), for results not read again soon.
 ///
 /// # Safety

@@ -63,9 +63,9 @@ pub mod bn_flags {
     pub const SAVED: u32 = 32;
     /// Forward finalize: the running statistics are overwritten, not read (factor 1).
     pub const RUNNING_OVERWRITE: u32 = 64;
-    /// Backward stats: also store the masked gradient `g` as `dz` (the fused add's
-    /// gradient with blend factors 1 and 0), so the apply pass reads `g` instead of `dy`
-    /// and `y`.
+    /// Backward stats (and the resident backward): also store the masked gradient `g` as
+    /// `dz` (the fused add's gradient with blend factors 1 and 0), so the apply pass reads
+    /// `g` instead of `dy` and `y`.
     pub const WRITE_GRAD: u32 = 128;
 }
 
@@ -110,13 +110,16 @@ pub struct BatchNormGeometry {
 ///
 /// Forward: partial `chunk * features + f` = ([`BatchNormPartial`]) count, mean and sum of
 /// squared deviations of `x` over the chunk. Backward: count, `sum(g)` and
-/// `sum(g * (x - mean))` where `g = dy` (masked by `y > 0` with [`bn_flags::RELU`]).
+/// `sum(g * (x - mean))` where `g = dy` (masked by `y > 0` with [`bn_flags::RELU`], read
+/// from the relu mask where `relu_mask` is given).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormStatsParams {
     pub geo: BatchNormGeometry,
     pub flags: u32,
     pub _pad: u32,
+    /// Backward: the [relu mask](BatchNormApplyParams::relu_mask), or 0 (read `y`).
+    pub relu_mask: u64,
 }
 
 /// Parameters of `batch_norm_fwd_finalize` and `batch_norm_bwd_finalize`: one warp per
@@ -161,6 +164,11 @@ pub struct BatchNormApplyParams {
     pub alpha: f32,
     pub beta: f32,
     pub epsilon: f32,
+    /// Device address of the relu mask (the training reserve space), or 0: bit `i` (of
+    /// 32-bit words, least significant first) says whether the output `y` stored at
+    /// element offset `i` of `x`'s layout is positive. Forward training (with
+    /// [`bn_flags::RELU`]) writes it; the backward reads it instead of `y`.
+    pub relu_mask: u64,
 }
 
 /// Parameters of `batch_norm_{fwd,bwd}_fused_rows_*`: a whole training pass in one launch
@@ -181,13 +189,15 @@ pub struct BatchNormFusedParams {
 
 /// Parameters of `batch_norm_{fwd,bwd}_resident_cols_*`: a whole training pass in one
 /// cooperative launch, for the cols mapping with 16-byte vectors, keeping as much of the
-/// data on chip as fits so that it is read from memory once (forward `x`; backward `x`,
-/// `dy` and, behind a relu, `y`, one region of `resident_rows` rows each, in that order).
+/// data on chip as fits so that it is read from memory once (forward `x`; backward `x`
+/// and `g`, `dy` masked behind a relu, one region of `resident_rows` rows each, in that
+/// order).
 ///
 /// Blocks, threads and partials as in the cols stats kernels (geometry `fused.apply.geo`:
 /// `tiles * chunks` blocks of [`BN_BLOCK_THREADS`], all resident at once). Each block keeps
 /// the first `resident_rows` rows of its chunk (a multiple of the rows a block steps by,
-/// `BN_BLOCK_THREADS / tile_vectors`) in its dynamic shared memory, after the
+/// `BN_BLOCK_THREADS / tile_vectors`, or the whole chunk) in its dynamic shared memory,
+/// after the
 /// [`BN_COLS_SHARED_BYTES`] of its reduction scratch: row `l` of the chunk, feature vector
 /// `v` of the tile at `16 * (l * tile_vectors + v)`. Phases, separated by grid barriers:
 /// the stats (partials, as the stats kernel); the finalize; the apply (streamed rows last
@@ -202,7 +212,8 @@ pub struct BatchNormFusedParams {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormResidentParams {
     pub fused: BatchNormFusedParams,
-    /// Rows of each chunk kept in shared memory.
+    /// Rows of each chunk kept in shared memory: a multiple of the block's row step
+    /// (`BN_BLOCK_THREADS / tile_vectors`), or the whole chunk.
     pub resident_rows: u32,
     /// Nonzero: every block finalizes its tile's features after a barrier of the tile.
     pub local_finalize: u32,

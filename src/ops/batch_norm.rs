@@ -34,7 +34,7 @@
 //! batch_norm_forward_training(
 //!     &handle, &bn, 1.0, 0.0, &x_desc, &x, None, &x_desc, &mut y,
 //!     &p_desc, &scale, &bias, None,
-//!     Some(SavedStats { mean: &mut mean, inv_std: &mut inv_std }), &mut ws,
+//!     Some(SavedStats { mean: &mut mean, inv_std: &mut inv_std }), &mut ws, None,
 //! )?;
 //! assert_eq!(handle.read::<f32>(&mean)?, [4.0]);
 //! let y = handle.read::<f32>(&y)?; // 2 (x - 4) / sqrt(5) + 1
@@ -536,6 +536,11 @@ fn plan_resident(
     Ok((resident.blocks as usize <= per_sm * occ.sms).then_some(resident))
 }
 
+/// The share of the best on-chip stash a resident plan gives up for more blocks per SM.
+/// (H100, f16 NHWC 1024x14x14 fused backward: all on chip with one block per SM, 98%
+/// with two.)
+const RESIDENT_SHARE_SLACK: f64 = 0.9;
+
 /// Feature vectors per tile of a resident plan whose blocks finalize their tiles: more,
 /// narrower tiles have fewer chunks each to merge (a warp still reads whole 128-byte rows
 /// of a tile).
@@ -573,8 +578,9 @@ fn resident_shape(
 }
 
 /// [`resident_shape`] on the cols geometry `g`'s tiles. Blocks per SM: the most (up to
-/// what registers allow, `occ.resident`) with which all the data stays on chip; if none,
-/// at most 2 (the largest stash that still streams with 512 threads per SM).
+/// what registers allow, `occ.resident`) that keep on chip at least
+/// [`RESIDENT_SHARE_SLACK`] of the most any count keeps (more warps hide more latency;
+/// each block's scratch and reserved shared memory cost a little of the stash).
 fn resident_shape_with(
     g: BatchNormGeometry,
     occ: &Occupancy,
@@ -588,22 +594,32 @@ fn resident_shape_with(
     }
     let step = (BN_BLOCK_THREADS / g.tile_vectors) as usize;
     let row_bytes = 16 * g.tile_vectors as usize * stashed;
-    // (rows per chunk, rows of it that fit on chip) with `b` blocks per SM.
+    // (rows per chunk, rows of it that fit on chip) with `b` blocks per SM. Where a whole
+    // chunk fits, its rows need not be whole steps (every block of the grid gets work);
+    // otherwise chunks and the rows on chip are whole steps, so that each thread's
+    // streamed rows continue its kept ones.
     let shape = |b: usize| {
         let chunks = (b * occ.sms / tiles).max(1);
-        let chunk_len = red_len.div_ceil(chunks).next_multiple_of(step);
+        let rows = red_len.div_ceil(chunks);
         let dynamic = (smem.per_sm / b)
             .min(smem.per_block)
             .saturating_sub(smem.reserved_per_block + BN_COLS_SHARED_BYTES as usize);
-        (chunk_len, dynamic / row_bytes / step * step)
+        let fit = dynamic / row_bytes;
+        match fit >= rows {
+            true => (rows, rows),
+            false => (rows.next_multiple_of(step), fit / step * step),
+        }
     };
+    // The rows kept on chip with `b` blocks per SM.
+    let kept = |b: usize| {
+        let (chunk_len, fit) = shape(b);
+        (fit.min(chunk_len) * red_len.div_ceil(chunk_len)).min(red_len)
+    };
+    let most = (1..=occ.resident).map(kept).max().unwrap_or(0);
     let b = (1..=occ.resident)
         .rev()
-        .find(|&b| {
-            let (chunk_len, fit) = shape(b);
-            fit >= chunk_len
-        })
-        .unwrap_or(occ.resident.min(2));
+        .find(|&b| kept(b) as f64 >= RESIDENT_SHARE_SLACK * most as f64)
+        .unwrap_or(1);
     let (chunk_len, fit) = shape(b);
     let resident_rows = fit.min(chunk_len);
     let mut geo = g;
@@ -1126,6 +1142,52 @@ pub fn batch_norm_backward_workspace_size(
     }
 }
 
+/// Bytes of the training reserve space for data `x_desc`
+/// (cudnnGetBatchNormalizationTrainingExReserveSpaceSize): with a relu in `bn`'s ops, the
+/// relu mask, a bit per element of `x`'s span that [`batch_norm_forward_training`] writes
+/// and [`batch_norm_backward`] reads instead of `y` (on the GPU; the CPU handle reads `y`
+/// and leaves the reserve space alone); 0 without a relu.
+pub fn batch_norm_training_reserve_space_size(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    x_desc: &TensorDescriptor,
+) -> Result<usize> {
+    let _ = handle;
+    check_rank("x_desc", x_desc)?;
+    Ok(match bn.ops {
+        BatchNormOps::Bn => 0,
+        _ => relu_mask_bytes(x_desc),
+    })
+}
+
+/// The relu mask's bytes: a bit per element of `x`'s span, in whole 32-bit words.
+fn relu_mask_bytes(x_desc: &TensorDescriptor) -> usize {
+    x_desc.span_elements().div_ceil(32) * 4
+}
+
+/// Checks a reserve space given to a training pass: this handle's, and large enough for
+/// the relu mask where the ops have a relu.
+fn check_reserve(
+    handle: &Handle,
+    bn: &BatchNormDescriptor,
+    x_desc: &TensorDescriptor,
+    reserve: Option<&Buffer>,
+) -> Result<()> {
+    let Some(r) = reserve else {
+        return Ok(());
+    };
+    handle.check_owner("reserve", r)?;
+    let required = batch_norm_training_reserve_space_size(handle, bn, x_desc)?;
+    if r.len_bytes() < required {
+        return Err(Error::BufferTooSmall {
+            arg: "reserve",
+            required_bytes: required,
+            got_bytes: r.len_bytes(),
+        });
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward training
 // ---------------------------------------------------------------------------------------
@@ -1136,7 +1198,9 @@ pub fn batch_norm_backward_workspace_size(
 /// with the batch mean and biased variance of each feature. `z` is given exactly for
 /// [`BatchNormOps::BnAddActivation`]. `running` (optional) is updated, `saved` (optional)
 /// receives the batch mean and inverse std for [`batch_norm_backward`]. `y` is not read
-/// when `beta == 0`. Each feature needs at least two values.
+/// when `beta == 0`. Each feature needs at least two values. `reserve` (optional, of
+/// [`batch_norm_training_reserve_space_size`] bytes; cuDNN's reserve space) receives the
+/// relu mask for a backward given the same reserve space and descriptors.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_forward_training(
     handle: &Handle,
@@ -1154,6 +1218,7 @@ pub fn batch_norm_forward_training(
     running: Option<RunningStats<'_>>,
     saved: Option<SavedStats<'_>>,
     workspace: &mut Buffer,
+    reserve: Option<&mut Buffer>,
 ) -> Result<()> {
     check_rank("x_desc", x_desc)?;
     check_like_x("y_desc", x_desc, y_desc, true)?;
@@ -1190,6 +1255,7 @@ pub fn batch_norm_forward_training(
         )?;
     }
     handle.check_owner("workspace", workspace)?;
+    check_reserve(handle, bn, x_desc, reserve.as_deref())?;
     let (alpha32, beta32) = (scale_factor("alpha", alpha)?, scale_factor("beta", beta)?);
     match &handle.backend {
         Backend::Cpu => {
@@ -1249,6 +1315,10 @@ pub fn batch_norm_forward_training(
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let (partials, coef) = (ws + layout.partials as u64, ws + layout.coef as u64);
+            let relu_mask = match reserve {
+                Some(r) if bn.ops != BatchNormOps::Bn => device_ptr_mut(gpu, r)?,
+                _ => 0,
+            };
             let mut flags = 0;
             let mut ptrs = [0u64; 4]; // running mean, running var, saved mean, saved inv std
             let mut factor = 0.0;
@@ -1284,7 +1354,7 @@ pub fn batch_norm_forward_training(
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
                 fp.chunks = 1;
                 fp.factor = factor;
-                let mut ap = apply_params(&plan, bn, alpha32, beta32, 0);
+                let mut ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
                 ap.geo = fused.geo;
                 let params = BatchNormFusedParams {
                     apply: ap,
@@ -1301,7 +1371,8 @@ pub fn batch_norm_forward_training(
             if let Some(resident) = plan_resident(gpu, (dtype, true), &plan, &occ, 1)? {
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
                 fp.factor = factor;
-                let params = resident.params(apply_params(&plan, bn, alpha32, beta32, 0), fp);
+                let ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
+                let params = resident.params(ap, fp);
                 let pointers = [&one_launch[..], &[partials, coef]].concat();
                 // SAFETY: as for the stats, finalize and apply launches below together.
                 return unsafe { resident.launch(gpu, (dtype, true), &params, &pointers) };
@@ -1322,10 +1393,11 @@ pub fn batch_norm_forward_training(
                     ],
                 )?;
             }
-            let ap = apply_params(&plan, bn, alpha32, beta32, 0);
+            let ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
             let kernel = plan.apply_kernel(dtype, true)?;
             // SAFETY: x, z (with ADD) and y hold their descriptors' spans (checked), which
-            // the geometry's offsets stay inside; coef was written by the finalize launch.
+            // the geometry's offsets stay inside; coef was written by the finalize launch;
+            // the relu mask (if any) holds a bit per element of x's span (checked).
             unsafe {
                 gpu.launch(
                     kernel,
@@ -1338,13 +1410,14 @@ pub fn batch_norm_forward_training(
     }
 }
 
-/// Flags and blend factors of an apply pass.
+/// Flags, blend factors and relu mask (device address or 0) of an apply pass.
 fn apply_params(
     plan: &Plan,
     bn: &BatchNormDescriptor,
     alpha: f32,
     beta: f32,
     extra_flags: u32,
+    relu_mask: u64,
 ) -> BatchNormApplyParams {
     let mut flags = extra_flags;
     if bn.ops == BatchNormOps::BnAddActivation {
@@ -1359,6 +1432,7 @@ fn apply_params(
         alpha,
         beta,
         epsilon: bn.epsilon as f32,
+        relu_mask,
     }
 }
 
@@ -1459,7 +1533,7 @@ pub fn batch_norm_forward_inference(
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
             let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
-            let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS);
+            let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS, 0);
             let kernel = plan.apply_kernel(dtype, true)?;
             let params = [scale, bias, estimated.mean, estimated.variance]
                 .map(|b| device_ptr(gpu, b))
@@ -1504,7 +1578,9 @@ pub fn batch_norm_forward_inference(
 ///
 /// `y` (the forward output) is given exactly when the ops have the relu, `dz` exactly for
 /// the add. The statistics come from `saved` when given, else are recomputed from `x`.
-/// Outputs are not read when their beta is 0.
+/// Outputs are not read when their beta is 0. `reserve` (optional) is the reserve space
+/// the forward training pass filled with the same descriptors: behind a relu, its mask
+/// is read instead of `y`.
 #[allow(clippy::too_many_arguments)]
 pub fn batch_norm_backward(
     handle: &Handle,
@@ -1527,6 +1603,7 @@ pub fn batch_norm_backward(
     dbias: &mut Buffer,
     saved: Option<SavedStatsRef<'_>>,
     workspace: &mut Buffer,
+    reserve: Option<&Buffer>,
 ) -> Result<()> {
     check_rank("x_desc", x_desc)?;
     check_like_x("dy_desc", x_desc, dy_desc, false)?;
@@ -1567,6 +1644,7 @@ pub fn batch_norm_backward(
         )?;
     }
     handle.check_owner("workspace", workspace)?;
+    check_reserve(handle, bn, x_desc, reserve)?;
     let alpha_d = scale_factor("alpha_data", alpha_data)?;
     let beta_d = scale_factor("beta_data", beta_data)?;
     let alpha_p = scale_factor("alpha_param", alpha_param)?;
@@ -1632,6 +1710,11 @@ pub fn batch_norm_backward(
             operands[DZ] = dz_desc.zip(dz_ptr);
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let partials = ws + layout.partials as u64;
+            // Behind a relu, the forward's mask in the reserve space instead of y.
+            let relu_mask = match reserve {
+                Some(r) if bn.ops != BatchNormOps::Bn => device_ptr(gpu, r)?,
+                _ => 0,
+            };
             let (fwd_coef, bwd_coef) = (ws + layout.coef as u64, ws + layout.bwd_coef as u64);
             let scale_ptr = device_ptr(gpu, scale)?;
             // The one-launch kernels' pointers (saved statistics only): the data, then the
@@ -1657,7 +1740,7 @@ pub fn batch_norm_backward(
                 fp.chunks = 1;
                 fp.alpha = alpha_p;
                 fp.beta = beta_p;
-                let mut ap = apply_params(&plan, bn, alpha_d, beta_d, 0);
+                let mut ap = apply_params(&plan, bn, alpha_d, beta_d, 0, relu_mask);
                 ap.geo = fused.geo;
                 let params = BatchNormFusedParams {
                     apply: ap,
@@ -1675,18 +1758,27 @@ pub fn batch_norm_backward(
                     )
                 };
             }
-            // Saved statistics: the resident kernel where it keeps enough on chip (x, dy
-            // and, behind a relu, y).
-            let stashed = if bn.ops == BatchNormOps::Bn { 2 } else { 3 };
+            // Saved statistics: the resident kernel where it keeps enough on chip (x and
+            // the gradient reaching the normalization: dy, masked behind a relu).
             let resident = match one_launch {
-                Some(_) => plan_resident(gpu, (dtype, false), &plan, &occ, stashed)?,
+                Some(_) => plan_resident(gpu, (dtype, false), &plan, &occ, 2)?,
                 None => None,
             };
             if let (Some(one_launch), Some(resident)) = (one_launch, resident) {
                 let mut fp = plan.finalize_params(0, bn.epsilon);
                 fp.alpha = alpha_p;
                 fp.beta = beta_p;
-                let params = resident.params(apply_params(&plan, bn, alpha_d, beta_d, 0), fp);
+                // dz = g exactly (blend 1, 0): the kernel's sums store it, and its apply
+                // reads g from dz for the rows not on chip.
+                let write_grad = match bn.ops == BatchNormOps::BnAddActivation
+                    && alpha_data == 1.0
+                    && beta_data == 0.0
+                {
+                    true => bn_flags::WRITE_GRAD,
+                    false => 0,
+                };
+                let ap = apply_params(&plan, bn, alpha_d, beta_d, write_grad, relu_mask);
+                let params = resident.params(ap, fp);
                 let pointers = [&one_launch[..], &[partials, bwd_coef]].concat();
                 // SAFETY: as for the stats, finalize and apply launches below together.
                 return unsafe { resident.launch(gpu, (dtype, false), &params, &pointers) };
@@ -1728,6 +1820,7 @@ pub fn batch_norm_backward(
                 geo: plan.geo,
                 flags,
                 _pad: 0,
+                relu_mask,
             };
             let kernel = plan.stats_kernel(dtype, false)?;
             let grad_ptr = if grad_in_dz { dz_ptr.unwrap_or(0) } else { 0 };
@@ -1776,9 +1869,12 @@ pub fn batch_norm_backward(
                     ops: BatchNormOps::Bn,
                     ..*bn
                 };
-                (apply_params(&plan, &plain, alpha_d, beta_d, 0), grad_ptr)
+                (apply_params(&plan, &plain, alpha_d, beta_d, 0, 0), grad_ptr)
             } else {
-                (apply_params(&plan, bn, alpha_d, beta_d, 0), dy_ptr)
+                (
+                    apply_params(&plan, bn, alpha_d, beta_d, 0, relu_mask),
+                    dy_ptr,
+                )
             };
             let kernel = plan.apply_kernel(dtype, false)?;
             // SAFETY: x, y (with RELU), dy (or dz holding g, laid out as dy), dx and dz
@@ -1911,8 +2007,11 @@ mod tests {
     };
 
     /// The resident training forward keeps ResNet-50's smaller NHWC problems wholly on
-    /// chip and half of the larger ones, in whole steps of rows, within the shared memory
-    /// of its blocks per SM, the co-resident grid and the workspace's partials.
+    /// chip (in chunks of any length) and half of the larger ones (in whole steps of rows),
+    /// within the shared memory of its blocks per SM, the co-resident grid and the
+    /// workspace's partials; the backward, two operands a row, two blocks per SM, keeps the
+    /// f16 2048x7x7 wholly on chip, 90% of the 1024x14x14 and a quarter or more of the
+    /// rest.
     #[test]
     fn resident_plans_fit_shared_memory_grid_and_workspace() {
         let cases = [
@@ -1935,7 +2034,10 @@ mod tests {
                 };
                 let g = r.geo;
                 let step = BN_BLOCK_THREADS / g.tile_vectors;
-                assert_eq!(r.resident_rows % step, 0, "{x:?}");
+                assert!(
+                    r.resident_rows % step == 0 || r.resident_rows == g.chunk_len,
+                    "{x:?}"
+                );
                 assert!(r.resident_rows <= g.chunk_len);
                 assert!(g.chunks as u64 * g.chunk_len as u64 >= g.red_len as u64);
                 assert!(g.chunks as usize <= H100.resident_chunks(mode, &x), "{x:?}");
@@ -1965,6 +2067,22 @@ mod tests {
                 let share = kept as f64 / g.red_len as f64;
                 if dt == DataType::F16 {
                     assert!(share >= if whole { 1.0 } else { 0.45 }, "{x:?}: {share}");
+                    let bwd = resident_shape(&plan, &H100, H100_SHARED, 2, None).unwrap();
+                    let kept = bwd.resident_rows as usize * bwd.geo.chunks as usize;
+                    let share = kept.min(g.red_len as usize) as f64 / g.red_len as f64;
+                    let least = match hw {
+                        7 => 1.0,
+                        14 => 0.9,
+                        _ => 0.25,
+                    };
+                    assert!(share >= least, "{x:?}: {share}");
+                    // Two blocks per SM, though one would keep a little more on chip.
+                    assert!(bwd.blocks as usize > H100.sms, "{x:?}");
+                }
+                // 2048x7x7: 32 narrow tiles of 8 chunks of 196 rows (not 7 of 224): every
+                // block slot of the grid (2 per SM) but 8 gets one.
+                if dt == DataType::F16 && c == 2048 {
+                    assert_eq!((g.chunks, g.chunk_len, r.blocks), (8, 196, 256));
                 }
             }
         }

@@ -79,18 +79,25 @@ pub fn upload_poisoned(h: &Handle, t: &HostTensor, poison: bool) -> Buffer {
 /// Relative error norm `||out - ref|| / ||ref||` over the logical elements; NaN or
 /// infinity anywhere in `out` gives infinity (NaN never passes).
 pub fn rel_error(out: &HostTensor, reference: &HostTensor) -> f64 {
-    let (o, r) = (out.logical(), reference.logical());
+    error_against(out, reference, reference)
+}
+
+/// `||out - ref|| / ||scale||` over the logical elements, as [`rel_error`] (which is
+/// `scale = ref`).
+fn error_against(out: &HostTensor, reference: &HostTensor, scale: &HostTensor) -> f64 {
+    let (o, r, s) = (out.logical(), reference.logical(), scale.logical());
     assert_eq!(o.len(), r.len());
+    assert_eq!(s.len(), r.len());
     let mut num = 0.0;
     let mut den = 0.0;
-    for (a, b) in o.iter().zip(&r) {
+    for ((a, b), m) in o.iter().zip(&r).zip(&s) {
         if a.is_nan() && b.is_nan() {
             continue;
         }
         if a == b {
             // Equal infinities add nothing; equal finite values count toward the norm.
-            if b.is_finite() {
-                den += b * b;
+            if m.is_finite() {
+                den += m * m;
             }
             continue;
         }
@@ -98,7 +105,7 @@ pub fn rel_error(out: &HostTensor, reference: &HostTensor) -> f64 {
             return f64::INFINITY;
         }
         num += (a - b) * (a - b);
-        den += b * b;
+        den += m * m;
     }
     if den == 0.0 {
         num.sqrt()
@@ -127,9 +134,24 @@ pub fn check(
     tol: f64,
     what: &str,
 ) {
+    check_scaled(h, desc, buf, reference, reference, tol, what)
+}
+
+/// [`check`] of a result that sums terms of either sign (a mean, a blend), whose exact
+/// value may cancel to near zero: the error norm is taken relative to `magnitude`, the
+/// same sum of the terms' absolute values (what the rounding scales with).
+pub fn check_scaled(
+    h: &Handle,
+    desc: &TensorDescriptor,
+    buf: &Buffer,
+    reference: &HostTensor,
+    magnitude: &HostTensor,
+    tol: f64,
+    what: &str,
+) {
     let bytes = h.read_bytes(buf).expect("download");
     let out = HostTensor::from_bytes(*desc, &bytes);
-    let err = rel_error(&out, reference);
+    let err = error_against(&out, reference, magnitude);
     assert!(
         err <= tol,
         "{what}: rel error {err:e} > {tol:e} on {}",
