@@ -356,6 +356,8 @@ struct Plan {
     stats_threads: u32,
     apply_blocks: u32,
     apply_threads: u32,
+    /// The pass, which picks the apply kernel.
+    pass: Pass,
     /// The fused (one-launch) training kernels' plan.
     fused: FusedPlan,
 }
@@ -691,10 +693,28 @@ const COLS_STATS_MIN_ROWS_PER_THREAD: usize = 16;
 /// Vectors or rows a thread loads before using them (the kernels' unroll).
 const LOADS_PER_GROUP: usize = 4;
 
+/// The pass a plan serves, as far as its kernels differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// Training or inference forward, writing no relu mask.
+    Forward,
+    /// Training forward writing the relu mask to the reserve space: its apply kernel is
+    /// the masked one (the plain one leaves the mask's code out, and its registers).
+    ForwardMasked,
+    Backward,
+}
+
+impl Pass {
+    fn forward(self) -> bool {
+        self != Pass::Backward
+    }
+}
+
 /// The GPU a problem runs on: SMs, and for its stats and its apply kernel the block size
 /// and how many such blocks each SM runs at once.
 #[derive(Clone, Copy, Debug)]
 struct Occupancy {
+    pass: Pass,
     sms: usize,
     stats: usize,
     stats_threads: u32,
@@ -706,14 +726,9 @@ struct Occupancy {
 }
 
 impl Occupancy {
-    /// For the kernels of `x_desc`'s mapping in one direction (cached per device and
-    /// kernel).
-    fn of(
-        gpu: &Gpu,
-        mode: BatchNormMode,
-        x_desc: &TensorDescriptor,
-        forward: bool,
-    ) -> Result<Self> {
+    /// For the kernels of `x_desc`'s mapping in `pass` (cached per device and kernel).
+    fn of(gpu: &Gpu, mode: BatchNormMode, x_desc: &TensorDescriptor, pass: Pass) -> Result<Self> {
+        let forward = pass.forward();
         let cols = use_cols(mode, x_desc);
         let dtype = x_desc.dtype();
         let stats_kernel = stats_kernel(cols, dtype, forward)?;
@@ -725,7 +740,7 @@ impl Occupancy {
         } else {
             best_block(gpu, stats_kernel, 0)?
         };
-        let (apply, apply_threads) = best_block(gpu, apply_kernel(cols, dtype, forward)?, 0)?;
+        let (apply, apply_threads) = best_block(gpu, apply_kernel(cols, dtype, pass)?, 0)?;
         let resident = if cols {
             let kernel = resident_kernel(dtype, forward)?;
             resident_with(gpu, kernel, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES)?
@@ -733,6 +748,7 @@ impl Occupancy {
             0
         };
         Ok(Self {
+            pass,
             sms: gpu.sm_count.max(1) as usize,
             stats,
             stats_threads,
@@ -996,6 +1012,7 @@ fn plan_problem(
         stats_threads: occ.stats_threads,
         apply_blocks,
         apply_threads: occ.apply_threads,
+        pass: occ.pass,
         fused: FusedPlan {
             geo: fused_geo,
             threads: BN_BLOCK_THREADS,
@@ -1037,12 +1054,14 @@ fn staged_kernel(dtype: DataType) -> Result<&'static str> {
     kernels::batch_norm_fwd_staged_rows(dtype).ok_or_else(|| unsupported_dtype(dtype))
 }
 
-fn apply_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
-    let k = match (forward, cols) {
-        (true, false) => kernels::batch_norm_fwd_apply_rows(dtype),
-        (true, true) => kernels::batch_norm_fwd_apply_cols(dtype),
-        (false, false) => kernels::batch_norm_bwd_apply_rows(dtype),
-        (false, true) => kernels::batch_norm_bwd_apply_cols(dtype),
+fn apply_kernel(cols: bool, dtype: DataType, pass: Pass) -> Result<&'static str> {
+    let k = match (pass, cols) {
+        (Pass::Forward, false) => kernels::batch_norm_fwd_apply_rows(dtype),
+        (Pass::Forward, true) => kernels::batch_norm_fwd_apply_cols(dtype),
+        (Pass::ForwardMasked, false) => kernels::batch_norm_fwd_apply_masked_rows(dtype),
+        (Pass::ForwardMasked, true) => kernels::batch_norm_fwd_apply_masked_cols(dtype),
+        (Pass::Backward, false) => kernels::batch_norm_bwd_apply_rows(dtype),
+        (Pass::Backward, true) => kernels::batch_norm_bwd_apply_cols(dtype),
     };
     k.ok_or_else(|| unsupported_dtype(dtype))
 }
@@ -1088,8 +1107,8 @@ impl Plan {
         stats_kernel(self.cols, dtype, forward)
     }
 
-    fn apply_kernel(&self, dtype: DataType, forward: bool) -> Result<&'static str> {
-        apply_kernel(self.cols, dtype, forward)
+    fn apply_kernel(&self, dtype: DataType) -> Result<&'static str> {
+        apply_kernel(self.cols, dtype, self.pass)
     }
 }
 
@@ -1118,7 +1137,7 @@ pub fn batch_norm_forward_training_workspace_size(
     check_rank("x_desc", x_desc)?;
     match &handle.backend {
         Backend::Gpu(gpu) => {
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, Pass::Forward)?;
             Ok(workspace_layout(bn.mode, x_desc, occ, false).total)
         }
         Backend::Cpu => Ok(0),
@@ -1135,7 +1154,7 @@ pub fn batch_norm_backward_workspace_size(
     check_rank("x_desc", x_desc)?;
     match &handle.backend {
         Backend::Gpu(gpu) => {
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, Pass::Backward)?;
             Ok(workspace_layout(bn.mode, x_desc, occ, true).total)
         }
         Backend::Cpu => Ok(0),
@@ -1303,7 +1322,17 @@ pub fn batch_norm_forward_training(
         }
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let relu_mask = match reserve {
+                Some(r) if bn.ops != BatchNormOps::Bn => device_ptr_mut(gpu, r)?,
+                _ => 0,
+            };
+            let pass = if relu_mask != 0 {
+                Pass::ForwardMasked
+            } else {
+                Pass::Forward
+            };
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, pass)?;
+            // The same layout as the size query's: the apply kernel does not change it.
             let layout = workspace_layout(bn.mode, x_desc, occ, false);
             let ws = workspace_ptr(gpu, &layout, workspace)?;
             let x_ptr = device_ptr(gpu, x)?;
@@ -1315,10 +1344,6 @@ pub fn batch_norm_forward_training(
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let (partials, coef) = (ws + layout.partials as u64, ws + layout.coef as u64);
-            let relu_mask = match reserve {
-                Some(r) if bn.ops != BatchNormOps::Bn => device_ptr_mut(gpu, r)?,
-                _ => 0,
-            };
             let mut flags = 0;
             let mut ptrs = [0u64; 4]; // running mean, running var, saved mean, saved inv std
             let mut factor = 0.0;
@@ -1394,7 +1419,7 @@ pub fn batch_norm_forward_training(
                 )?;
             }
             let ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
-            let kernel = plan.apply_kernel(dtype, true)?;
+            let kernel = plan.apply_kernel(dtype)?;
             // SAFETY: x, z (with ADD) and y hold their descriptors' spans (checked), which
             // the geometry's offsets stay inside; coef was written by the finalize launch;
             // the relu mask (if any) holds a bit per element of x's span (checked).
@@ -1531,10 +1556,10 @@ pub fn batch_norm_forward_inference(
             operands[X] = Some((x_desc, x_ptr));
             operands[Y] = Some((y_desc, y_ptr));
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, true)?;
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, Pass::Forward)?;
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS, 0);
-            let kernel = plan.apply_kernel(dtype, true)?;
+            let kernel = plan.apply_kernel(dtype)?;
             let params = [scale, bias, estimated.mean, estimated.variance]
                 .map(|b| device_ptr(gpu, b))
                 .into_iter()
@@ -1691,7 +1716,7 @@ pub fn batch_norm_backward(
         }
         Backend::Gpu(gpu) => {
             let dtype = x_desc.dtype();
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, false)?;
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, Pass::Backward)?;
             let layout = workspace_layout(bn.mode, x_desc, occ, true);
             let ws = workspace_ptr(gpu, &layout, workspace)?;
             let x_ptr = device_ptr(gpu, x)?;
@@ -1876,7 +1901,7 @@ pub fn batch_norm_backward(
                     dy_ptr,
                 )
             };
-            let kernel = plan.apply_kernel(dtype, false)?;
+            let kernel = plan.apply_kernel(dtype)?;
             // SAFETY: x, y (with RELU), dy (or dz holding g, laid out as dy), dx and dz
             // (with ADD) hold their descriptors' spans (checked); bwd_coef was written by
             // the finalize launch.
@@ -1904,6 +1929,7 @@ mod tests {
     use super::*;
 
     const H100: Occupancy = Occupancy {
+        pass: Pass::Forward,
         sms: 132,
         stats: 4,
         stats_threads: 256,
