@@ -1740,6 +1740,8 @@ unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
 struct Stash {
     /// The shared address of the thread's vector of the chunk's first row.
     base: u32,
+    /// The thread's vector in its tile.
+    vector: u32,
     /// The chunk's first row.
     start: u32,
     /// `log2` of the bytes from one row to the next (`16 * tile_vectors`).
@@ -1752,6 +1754,7 @@ impl Stash {
         let vector_in_tile = thread_idx_x() & (g.tile_vectors - 1);
         Stash {
             base: dynamic_smem() + BN_COLS_SHARED_BYTES + 16 * vector_in_tile,
+            vector: vector_in_tile,
             start: w.chunk * g.chunk_len,
             row_log2: g.tile_vectors_log2 + 4,
         }
@@ -1761,6 +1764,14 @@ impl Stash {
     #[inline(always)]
     fn at(&self, r: u32) -> u32 {
         self.base + ((r - self.start) << self.row_log2)
+    }
+
+    /// The shared address of the thread's 4-byte word of row `r` in a region of words
+    /// after `operands` stashed operands of `region` bytes each.
+    #[inline(always)]
+    fn word_at(&self, r: u32, operands: u32, region: u32) -> u32 {
+        let words = self.base - 16 * self.vector + operands * region;
+        words + 4 * self.vector + ((r - self.start) << (self.row_log2 - 2))
     }
 }
 
@@ -1979,7 +1990,8 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     let grad_in_dz = ap.flags & bn_flags::WRITE_GRAD != 0;
     let w = cols_work::<KV>(g, block_idx_x());
     let stash = Stash::of(g, &w);
-    // The stashed operands' regions: x, then g (dy without a relu).
+    // The stashed operands' regions: x, then g (dy without a relu); with the relu mask,
+    // then each vector's word of the mask (the kept rows' bits arrive with their x, dy).
     let region = p.resident_rows << stash.row_log2;
     let kept = (
         w.first,
@@ -1992,7 +2004,8 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     |r: u32| plus(base, g.red.offsets(r));
     // SAFETY (every shared access below): the stash slots lie in the launch's dynamic
     // shared memory (sized by the host for resident_rows rows of the two stashed
-    // operands); each vector is 16 bytes, 16-byte aligned; only this thread uses them.
+    // operands, and with the relu mask of their mask words); each vector is 16 bytes,
+    // 16-byte aligned, each word 4-byte aligned; only this thread uses them.
     let from_stash = #[inline(always)]
     |r: u32, _: [u64; 6]| -> BwdLoad {
         let s = stash.at(r);
@@ -2005,22 +2018,33 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
                 .add(g.feat.offsets(w.f0 + e as u32)[PARAM] as usize)
         });
         // One row's inputs into the sums (and with WRITE_GRAD its g into dz); returns g.
+        // A kept row's dz is not read again (the apply takes g from the stash): a
+        // streaming store, leaving L2 to the streamed rows' dz and x, which it reads.
         let add = #[inline(always)]
-        |acc: &mut Acc<KV>, r: u32, v: BwdLoad| -> [f32; KV] {
+        |acc: &mut Acc<KV>, r: u32, v: BwdLoad, kept: bool| -> [f32; KV] {
             let (gr, xv) = grads::<T, KV>(relu, v);
-            if grad_in_dz {
+            if grad_in_dz && kept {
+                store_last::<T, KV>(io.dz, at(r)[DZ], gr);
+            } else if grad_in_dz {
                 store::<T, KV>(io.dz, at(r)[DZ], gr);
             }
             let gx = core::array::from_fn(|e| gr[e] * (xv[e] - mean[e]));
             acc.add_grads(1.0, gr, gx);
             gr
         };
-        // The kept rows' x and dy, all in flight at once while the other rows are summed.
+        // The kept rows' x and dy (and mask words), all in flight at once while the other
+        // rows are summed.
         let mut r = kept.0;
         while r < kept.1 {
             let (s, o) = (stash.at(r), at(r));
             cp_async_16(s, io.x.add(o[X] as usize) as *const u8, 16);
             cp_async_16(s + region, io.dy.add(o[Z_OR_DY] as usize) as *const u8, 16);
+            if relu == Relu::FromBits {
+                // The mask's 4-byte word holding bits o .. o + KV (o % KV == 0: the
+                // vector is 16-byte aligned, so they do not straddle words).
+                let word = io.mask.add((o[X] / 32) as usize) as *const u8;
+                cp_async_ca::<4>(stash.word_at(r, 2, region), word, 4);
+            }
             r += kept.2;
         }
         cp_async_commit();
@@ -2028,26 +2052,35 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
             streamed,
             &mut acc,
             #[inline(always)]
-            |r| load_bwd::<T, KV>(relu, false, io.x, (io.y, io.mask), io.dy, at(r)),
+            |r| {
+                // With WRITE_GRAD the apply reads g from dz: dy and the relu's input are
+                // read here for the last time (streaming loads), x is read again.
+                let o = at(r);
+                [
+                    load_ro::<T, KV>(false, io.x, o[X]),
+                    load_ro::<T, KV>(grad_in_dz, io.dy, o[Z_OR_DY]),
+                    load_relu::<T, KV>(relu, grad_in_dz, io.y, io.mask, o),
+                ]
+            },
             #[inline(always)]
             |acc, r, v| {
                 crate::unrolled!(u in BWD_UNROLL => {
-                    add(acc, r + u as u32 * w.step, v[u]);
+                    add(acc, r + u as u32 * w.step, v[u], false);
                 });
             },
             #[inline(always)]
             |acc, r, v| {
-                add(acc, r, v);
+                add(acc, r, v, false);
             },
         );
-        if relu != Relu::Off {
-            // The kept rows' y or mask bits from memory (a few rows in flight): the
-            // stash's dy becomes g. (Only the first wait has copies to wait for.)
+        if relu == Relu::FromY {
+            // The kept rows' y from memory (a few rows in flight): the stash's dy becomes
+            // g. (Only the first wait has copies to wait for.)
             let keep = #[inline(always)]
             |acc: &mut Acc<KV>, r: u32, yv: Vec16| {
                 cp_async_wait(0);
                 let [xv, dyv, _] = from_stash(r, [0; 6]);
-                let gr = add(acc, r, [xv, dyv, yv]);
+                let gr = add(acc, r, [xv, dyv, yv], true);
                 st_shared_v4(stash.at(r) + region, T::pack::<KV>(gr));
             };
             visit::<KEPT_MASK_UNROLL, Vec16, _>(
@@ -2067,7 +2100,15 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
             cp_async_wait(0);
             let mut r = kept.0;
             while r < kept.1 {
-                add(&mut acc, r, from_stash(r, [0; 6]));
+                let [xv, dyv, _] = from_stash(r, [0; 6]);
+                if relu == Relu::FromBits {
+                    let word = ld_shared_u32(stash.word_at(r, 2, region));
+                    let bits = (word >> (at(r)[X] % 32)) & ((1 << KV) - 1);
+                    let gr = add(&mut acc, r, [xv, dyv, [bits, 0, 0, 0]], true);
+                    st_shared_v4(stash.at(r) + region, T::pack::<KV>(gr));
+                } else {
+                    add(&mut acc, r, [xv, dyv, [0; 4]], true);
+                }
                 r += kept.2;
             }
         }
@@ -2361,8 +2402,9 @@ macro_rules! batch_norm_resident_entry_points {
             /// (statistics from `saved_mean`, `saved_inv_std`; `y` with `RELU`, `dz` with
             /// `ADD`; `partials` holds `chunks * features` entries, `coef` `features`);
             /// `barrier` as `device::grid_barrier` requires. A cooperative launch as the
-            /// forward's, with `BN_COLS_SHARED_BYTES + 16 * resident_rows * tile_vectors *
-            /// s` bytes of dynamic shared memory, `s` = 3 with `RELU`, else 2.
+            /// forward's, with `BN_COLS_SHARED_BYTES + resident_rows * tile_vectors * s`
+            /// bytes of dynamic shared memory, `s` = 36 with `RELU` and the relu mask
+            /// (x, g and a mask word per vector), else 32; the mask 4-byte aligned.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_resident_cols_ $dt>](
                 p: BatchNormResidentParams, x: *const $T, y: *const $T, dy: *const $T,
