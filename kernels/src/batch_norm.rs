@@ -2178,19 +2178,19 @@ macro_rules! by_width {
     };
 }
 
-/// The forward apply pass's entry points of one dtype, rows and cols mapping, with the
-/// relu mask they write: `$mask(&p)`. The plain ones take a null constant, so the mask's
-/// code folds away and does not cost inference its registers; the masked ones serve
-/// training with a reserve space.
-macro_rules! fwd_apply_entry_points {
-    ($T:ty, $rows:ident, $cols:ident, $doc:literal, $mask:expr) => {
+/// A forward apply pass's entry point of dtype `$T`: `$mapping` (`fwd_apply_rows` or
+/// `fwd_apply_cols`) with the relu mask `$mask(&p)`. The plain entry points take a null
+/// constant, so the mask's code folds away and does not cost inference its registers;
+/// the masked ones serve training with a reserve space.
+macro_rules! fwd_apply_entry_point {
+    ($T:ty, $name:ident, $mapping:ident, $doc:literal, $mask:expr) => {
         /// # Safety
         /// `x`, `z` (with `ADD`), `y` cover their tensors; `coef` holds `features`
         /// coefficients, or (with `COEF_FROM_PARAMS`) `scale`, `bias`, `mean`, `var`
-        /// cover the per-feature tensor. Rows mapping.
+        /// cover the per-feature tensor.
         #[doc = $doc]
         #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $rows(
+        pub unsafe extern "ptx-kernel" fn $name(
             p: BatchNormApplyParams,
             x: *const $T,
             z: *const $T,
@@ -2210,35 +2210,7 @@ macro_rules! fwd_apply_entry_points {
             by_width!(
                 $T,
                 p.geo.vector,
-                fwd_apply_rows(&p, io, coef, scale, bias, mean, var)
-            )
-        }
-
-        /// # Safety
-        /// As the rows kernel; cols mapping.
-        #[doc = $doc]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $cols(
-            p: BatchNormApplyParams,
-            x: *const $T,
-            z: *const $T,
-            y: *mut $T,
-            coef: *const BatchNormCoef,
-            scale: *const f32,
-            bias: *const f32,
-            mean: *const f32,
-            var: *const f32,
-        ) {
-            let io = FwdIo {
-                x,
-                z,
-                y,
-                mask: ($mask)(&p),
-            };
-            by_width!(
-                $T,
-                p.geo.vector,
-                fwd_apply_cols(&p, io, coef, scale, bias, mean, var)
+                $mapping(&p, io, coef, scale, bias, mean, var)
             )
         }
     };
@@ -2293,12 +2265,16 @@ macro_rules! batch_norm_entry_points {
                 by_width!($T, p.geo.vector, bwd_stats_cols(&p, x, y, dy, dz, coef, saved_mean, partials))
             }
 
-            fwd_apply_entry_points!($T, [<batch_norm_fwd_apply_rows_ $dt>], [<batch_norm_fwd_apply_cols_ $dt>],
-                "", |_p| core::ptr::null_mut());
-            fwd_apply_entry_points!($T, [<batch_norm_fwd_apply_masked_rows_ $dt>],
-                [<batch_norm_fwd_apply_masked_cols_ $dt>],
-                " With `RELU`, they also write the relu mask to `p.relu_mask` (a bit per \
-                element of `x`'s span, 4-byte aligned).",
+            fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_rows_ $dt>], fwd_apply_rows,
+                "Rows mapping.", |_p| core::ptr::null_mut());
+            fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_cols_ $dt>], fwd_apply_cols,
+                "Cols mapping.", |_p| core::ptr::null_mut());
+            fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_masked_rows_ $dt>], fwd_apply_rows,
+                "Rows mapping; with `RELU`, also writes the relu mask to `p.relu_mask` (a bit \
+                per element of `x`'s span, 4-byte aligned).",
+                |p: &BatchNormApplyParams| p.relu_mask as *mut u32);
+            fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_masked_cols_ $dt>], fwd_apply_cols,
+                "Cols mapping; as the masked rows kernel for the relu mask.",
                 |p: &BatchNormApplyParams| p.relu_mask as *mut u32);
 
             /// # Safety
