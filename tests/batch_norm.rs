@@ -1267,6 +1267,9 @@ struct Fixture {
     rv: Buffer,
     sm: Buffer,
     si: Buffer,
+    dx: Buffer,
+    ds: Buffer,
+    db: Buffer,
     ws: Buffer,
     bn: BatchNormDescriptor,
 }
@@ -1288,6 +1291,9 @@ impl Fixture {
             rv: a(&pd),
             sm: a(&pd),
             si: a(&pd),
+            dx: a(&xd),
+            ds: a(&pd),
+            db: a(&pd),
             ws: h.alloc_bytes(fwd.max(bwd)).unwrap(),
             xd,
             pd,
@@ -1328,6 +1334,73 @@ impl Fixture {
             }),
             &mut self.ws,
             None,
+        )
+    }
+
+    /// Forward training of `bn` without statistics outputs: x as the residual with
+    /// `with_z`, the relu mask into `reserve`.
+    fn train_ops(
+        &mut self,
+        h: &Handle,
+        bn: &BatchNormDescriptor,
+        with_z: bool,
+        reserve: Option<&mut Buffer>,
+    ) -> Result<()> {
+        let (xd, pd) = (self.xd, self.pd);
+        batch_norm_forward_training(
+            h,
+            bn,
+            1.0,
+            0.0,
+            &xd,
+            &self.x,
+            with_z.then_some((&xd, &self.x)),
+            &xd,
+            &mut self.y,
+            &pd,
+            &self.scale,
+            &self.bias,
+            None,
+            None,
+            &mut self.ws,
+            reserve,
+        )
+    }
+
+    /// Backward of `bn` with dy = x and `dx` blended by `beta_data`: x as the forward's
+    /// output with `with_y`, the add's gradient into `dz`, the relu mask from `reserve`.
+    fn backward_ops(
+        &mut self,
+        h: &Handle,
+        bn: &BatchNormDescriptor,
+        beta_data: f64,
+        with_y: bool,
+        dz: Option<&mut Buffer>,
+        reserve: Option<&Buffer>,
+    ) -> Result<()> {
+        let (xd, pd) = (self.xd, self.pd);
+        batch_norm_backward(
+            h,
+            bn,
+            1.0,
+            beta_data,
+            1.0,
+            0.0,
+            &xd,
+            &self.x,
+            with_y.then_some((&xd, &self.x)),
+            &xd,
+            &self.x,
+            dz.map(|b| (&xd, b)),
+            &xd,
+            &mut self.dx,
+            &pd,
+            &self.scale,
+            &mut self.ds,
+            &mut self.db,
+            None,
+            &mut self.ws,
+            reserve,
         )
     }
 }
@@ -1385,96 +1458,21 @@ fn fd_params_f16(pd: &TensorDescriptor) -> TensorDescriptor {
 #[test]
 fn fused_operands_must_match_the_ops() {
     for h in handles() {
-        let f = Fixture::new(h, DataType::F32);
-        let (xd, pd) = (f.xd, f.pd);
-        let Fixture {
-            x,
-            mut y,
-            scale,
-            bias,
-            mut ws,
-            ..
-        } = f;
+        let mut f = Fixture::new(h, DataType::F32);
+        let xd = f.xd;
         let add = BatchNormDescriptor::new(BatchNormMode::Spatial, 1e-5)
             .unwrap()
             .with_add_relu();
-        // The add needs z; plain bn takes none.
-        let r = batch_norm_forward_training(
-            h, &add, 1.0, 0.0, &xd, &x, None, &xd, &mut y, &pd, &scale, &bias, None, None, &mut ws,
-            None,
-        );
-        assert_bad(r, "z");
         let plain = BatchNormDescriptor::new(BatchNormMode::Spatial, 1e-5).unwrap();
-        let r = batch_norm_forward_training(
-            h,
-            &plain,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            Some((&xd, &x)),
-            &xd,
-            &mut y,
-            &pd,
-            &scale,
-            &bias,
-            None,
-            None,
-            &mut ws,
-            None,
-        );
-        assert_bad(r, "z");
+        // The add needs z; plain bn takes none.
+        assert_bad(f.train_ops(h, &add, false, None), "z");
+        assert_bad(f.train_ops(h, &plain, true, None), "z");
         // Backward with relu needs y; with the add, dz.
-        let mut dx = h.alloc(&xd).unwrap();
-        let (mut ds, mut db) = (h.alloc(&pd).unwrap(), h.alloc(&pd).unwrap());
-        let r = batch_norm_backward(
-            h,
-            &add.with_relu(),
-            1.0,
-            0.0,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            None,
-            &xd,
-            &x,
-            None,
-            &xd,
-            &mut dx,
-            &pd,
-            &scale,
-            &mut ds,
-            &mut db,
-            None,
-            &mut ws,
-            None,
+        assert_bad(
+            f.backward_ops(h, &add.with_relu(), 0.0, false, None, None),
+            "y",
         );
-        assert_bad(r, "y");
-        let r = batch_norm_backward(
-            h,
-            &add,
-            1.0,
-            0.0,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            Some((&xd, &x)),
-            &xd,
-            &x,
-            None,
-            &xd,
-            &mut dx,
-            &pd,
-            &scale,
-            &mut ds,
-            &mut db,
-            None,
-            &mut ws,
-            None,
-        );
-        assert_bad(r, "dz");
+        assert_bad(f.backward_ops(h, &add, 0.0, true, None, None), "dz");
         // The reserve space holds the relu mask, a bit per element of x's span; short,
         // it is refused by the forward and the backward.
         let need = batch_norm_training_reserve_space_size(h, &add, &xd).unwrap();
@@ -1484,75 +1482,20 @@ fn fused_operands_must_match_the_ops() {
             0
         );
         let mut short = h.alloc_bytes(need - 4).unwrap();
-        let r = batch_norm_forward_training(
-            h,
-            &add,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            Some((&xd, &x)),
-            &xd,
-            &mut y,
-            &pd,
-            &scale,
-            &bias,
-            None,
-            None,
-            &mut ws,
-            Some(&mut short),
-        );
-        assert_short(r, "reserve");
+        assert_short(f.train_ops(h, &add, true, Some(&mut short)), "reserve");
         let mut dz = h.alloc(&xd).unwrap();
-        let r = batch_norm_backward(
-            h,
-            &add,
-            1.0,
-            0.0,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            Some((&xd, &x)),
-            &xd,
-            &x,
-            Some((&xd, &mut dz)),
-            &xd,
-            &mut dx,
-            &pd,
-            &scale,
-            &mut ds,
-            &mut db,
-            None,
-            &mut ws,
-            Some(&short),
-        );
+        let r = f.backward_ops(h, &add, 0.0, true, Some(&mut dz), Some(&short));
         assert_short(r, "reserve");
+        // A reserve space of another handle, long enough, is refused by both too.
+        let mut foreign = Handle::cpu().alloc_bytes(need).unwrap();
+        assert_bad(f.train_ops(h, &add, true, Some(&mut foreign)), "reserve");
+        let r = f.backward_ops(h, &add, 0.0, true, Some(&mut dz), Some(&foreign));
+        assert_bad(r, "reserve");
         // Non-finite blend factors.
-        let r = batch_norm_backward(
-            h,
-            &plain,
-            1.0,
-            f64::NAN,
-            1.0,
-            0.0,
-            &xd,
-            &x,
-            None,
-            &xd,
-            &x,
-            None,
-            &xd,
-            &mut dx,
-            &pd,
-            &scale,
-            &mut ds,
-            &mut db,
-            None,
-            &mut ws,
-            None,
+        assert_bad(
+            f.backward_ops(h, &plain, f64::NAN, false, None, None),
+            "beta_data",
         );
-        assert_bad(r, "beta_data");
     }
 }
 

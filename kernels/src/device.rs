@@ -375,72 +375,64 @@ pub fn add_bytes(p: *const u8, bytes: u64) -> *const u8 {
 /// Four 32-bit words = one 16-byte vector.
 pub type Vec16 = [u32; 4];
 
-/// A 16-byte load through the read-only (non-coherent) path.
-///
-/// # Safety
-/// `p` is 16-byte aligned, points into global memory the kernel does not write through
-/// another thread during this launch.
-#[inline(always)]
-pub unsafe fn ld_global_nc_v4(p: *const u32) -> Vec16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ld.global.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-        p = in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, c, d]
+/// A 16-byte global load wrapper `$name` issuing `$instr` (the `ld.global` variant: its
+/// path and cache policy); the wrappers differ in nothing else.
+macro_rules! ld_global_v4_with {
+    ($(#[$doc:meta])* $name:ident, $instr:literal) => {
+        $(#[$doc])*
+        #[inline(always)]
+        pub unsafe fn $name(p: *const u32) -> Vec16 {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            asm!(
+                concat!($instr, " {{{a}, {b}, {c}, {d}}}, [{p}];"),
+                a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+                p = in(reg64) p,
+                options(readonly, nostack, preserves_flags),
+            );
+            [a, b, c, d]
+        }
+    };
 }
 
-/// A 16-byte coherent load.
-///
-/// # Safety
-/// `p` is 16-byte aligned and points into global memory.
-#[inline(always)]
-pub unsafe fn ld_global_v4(p: *const u32) -> Vec16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ld.global.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-        p = in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, c, d]
-}
+ld_global_v4_with!(
+    /// A 16-byte load through the read-only (non-coherent) path.
+    ///
+    /// # Safety
+    /// `p` is 16-byte aligned, points into global memory the kernel does not write through
+    /// another thread during this launch.
+    ld_global_nc_v4,
+    "ld.global.nc.v4.u32"
+);
 
-/// A 16-byte read-only load marked streaming (`.cs`: evict first from L1 and L2), for data
-/// read for the last time, so it does not push out data that will be read again.
-///
-/// # Safety
-/// As [`ld_global_nc_v4`].
-#[inline(always)]
-pub unsafe fn ld_global_nc_cs_v4(p: *const u32) -> Vec16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ld.global.cs.nc.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-        p = in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, c, d]
-}
+ld_global_v4_with!(
+    /// A 16-byte coherent load.
+    ///
+    /// # Safety
+    /// `p` is 16-byte aligned and points into global memory.
+    ld_global_v4,
+    "ld.global.v4.u32"
+);
 
-/// A 16-byte coherent load marked streaming (`.cs`: evict first from L1 and L2), for data
-/// this launch wrote earlier (through the same thread) and reads for the last time.
-///
-/// # Safety
-/// As [`ld_global_v4`].
-#[inline(always)]
-pub unsafe fn ld_global_cs_v4(p: *const u32) -> Vec16 {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ld.global.cs.v4.u32 {{{a}, {b}, {c}, {d}}}, [{p}];",
-        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
-        p = in(reg64) p,
-        options(readonly, nostack, preserves_flags),
-    );
-    [a, b, c, d]
-}
+ld_global_v4_with!(
+    /// A 16-byte read-only load marked streaming (`.cs`: evict first from L1 and L2), for
+    /// data read for the last time, so it does not push out data that will be read again.
+    ///
+    /// # Safety
+    /// As [`ld_global_nc_v4`].
+    ld_global_nc_cs_v4,
+    "ld.global.cs.nc.v4.u32"
+);
+
+ld_global_v4_with!(
+    /// A 16-byte coherent load marked streaming (`.cs`: evict first from L1 and L2), for
+    /// data this launch wrote earlier (through the same thread) and reads for the last
+    /// time.
+    ///
+    /// # Safety
+    /// As [`ld_global_v4`].
+    ld_global_cs_v4,
+    "ld.global.cs.v4.u32"
+);
 
 /// Atomically clears the bits of `clear` and then sets those of `set` in the global word
 /// at `p` (two relaxed reductions, ordered as this thread's accesses to one address are):

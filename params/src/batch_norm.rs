@@ -191,7 +191,7 @@ pub struct BatchNormFusedParams {
 /// cooperative launch, for the cols mapping with 16-byte vectors, keeping as much of the
 /// data on chip as fits so that it is read from memory once (forward `x`; backward `x`
 /// and `g`, `dy` masked behind a relu, one region of `resident_rows` rows each, in that
-/// order).
+/// order, then with the relu mask a region of its 4-byte words, one per vector and row).
 ///
 /// Blocks, threads and partials as in the cols stats kernels (geometry `fused.apply.geo`:
 /// `tiles * chunks` blocks of [`BN_BLOCK_THREADS`], all resident at once). Each block keeps
