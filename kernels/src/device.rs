@@ -375,6 +375,25 @@ pub fn add_bytes(p: *const u8, bytes: u64) -> *const u8 {
 /// Four 32-bit words = one 16-byte vector.
 pub type Vec16 = [u32; 4];
 
+/// `w` unchanged, through an empty instruction the compiler cannot see through or merge
+/// with another: what is computed from the result is computed again at each use, instead
+/// of being kept alive in registers from an identical earlier computation. For data held
+/// packed in registers (two 16-bit elements a word) and unpacked where it is used.
+#[inline(always)]
+pub fn opaque_words(mut w: Vec16) -> Vec16 {
+    // SAFETY: the instruction string is empty: no register or memory is touched. Without
+    // `pure`, the compiler treats each use as distinct and keeps it.
+    unsafe {
+        asm!(
+            "// opaque {a} {b} {c} {d}",
+            a = inout(reg32) w[0], b = inout(reg32) w[1], c = inout(reg32) w[2],
+            d = inout(reg32) w[3],
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    w
+}
+
 /// A 16-byte global load wrapper `$name` issuing `$instr` (the `ld.global` variant: its
 /// path and cache policy); the wrappers differ in nothing else.
 macro_rules! ld_global_v4_with {

@@ -14,7 +14,7 @@
 
 use crate::device::{block_idx_x, lane_id, shfl_xor_f32, sqrt, sync_threads, warp_id};
 use crate::element::Element;
-use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Inner};
+use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
 use oxidnn_params::{
     IndexMap, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS,
     NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_SCALE, NORM_WRITE_STATS, STREAM_SLOTS,
@@ -143,14 +143,11 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
     g.rows(p.rows, |row| {
         let [xb, yb, sb] = p.outer.offsets(row);
         let shift = row_shift(p.rms, inner, x, xb);
-        let mut v = [[0.0f32; K]; V];
+        let mut v = Held::<T, K, V>::filled(0.0);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
-                for k in 0..K {
-                    v[j][k] -= shift;
-                }
+                v.load(j, x.add((xb + inner.at(e)[0]) as usize));
             }
         });
         // Two passes over the registers: the mean, then squared deviations from it.
@@ -159,8 +156,10 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         } else {
             let mut s = 0.0f32;
             crate::unrolled!(j in V => {
-                for k in 0..K {
-                    s += v[j][k];
+                if g.first::<K, V>(0, j) < d {
+                    for vk in v.get(j) {
+                        s += vk - shift;
+                    }
                 }
             });
             g.sum(s) / d as f32
@@ -168,8 +167,8 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         let mut s2 = 0.0f32;
         crate::unrolled!(j in V => {
             if g.first::<K, V>(0, j) < d {
-                for k in 0..K {
-                    let t = v[j][k] - centre;
+                for vk in v.get(j) {
+                    let t = (vk - shift) - centre;
                     s2 += t * t;
                 }
             }
@@ -180,7 +179,7 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
             let e = g.first::<K, V>(0, j);
             if e < d {
                 let at = inner.at(e);
-                let out = normalize::<T, K>(p.flags, v[j], 0.0, centre, rstd, scale, bias, at);
+                let out = normalize::<T, K>(p.flags, v.get(j), shift, centre, rstd, scale, bias, at);
                 rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
             }
         });
@@ -265,42 +264,43 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     });
 }
 
-/// One row's backward through its slots: loads x and dy, returns `xhat` and `g = dy *
-/// gamma` in place of them, and adds `dy * xhat` and `dy` to the weight-gradient sums.
+/// `xhat = (x - mean) * rstd` and `g = dy * gamma` of one slot.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn bwd_slot<T: Element, I: Inner<4>, const K: usize>(
+unsafe fn xhat_and_g<T: Element, const K: usize>(
     p: &LayerNormBwdParams,
-    inner: I,
-    e: u32,
-    bases: [u64; 2],
-    x: *const T,
-    dy: *const T,
+    at: [u64; 4],
+    xv: [f32; K],
+    dyv: [f32; K],
     scale: *const u8,
     mean: f32,
     rstd: f32,
-    xhat: &mut [f32; K],
-    gdy: &mut [f32; K],
-    sums: &mut [f32; 2],
-    dgamma: &mut [f32; K],
-    dbeta: &mut [f32; K],
-) {
-    let at = inner.at(e);
-    let xv = rows::load::<T, K>(x.add((bases[0] + at[0]) as usize));
-    let dyv = rows::load::<T, K>(dy.add((bases[1] + at[1]) as usize));
+) -> ([f32; K], [f32; K]) {
     let gamma = if p.flags & NORM_SCALE != 0 {
         rows::load_params::<T, K>(scale, at[3], p.flags & NORM_F32_WEIGHTS != 0)
     } else {
         [1.0; K]
     };
+    (
+        core::array::from_fn(|k| (xv[k] - mean) * rstd),
+        core::array::from_fn(|k| dyv[k] * gamma[k]),
+    )
+}
+
+/// What one slot adds to its row's sums of `g` and `g * xhat`, and to the weight-gradient
+/// sums of its elements (`dy * xhat` and `dy`).
+#[inline(always)]
+fn bwd_sums<const K: usize>(
+    xhat: [f32; K],
+    gdy: [f32; K],
+    dyv: [f32; K],
+    sums: &mut [f32; 2],
+    dgamma: &mut [f32; K],
+    dbeta: &mut [f32; K],
+) {
     for k in 0..K {
-        let xh = (xv[k] - mean) * rstd;
-        let gd = dyv[k] * gamma[k];
-        xhat[k] = xh;
-        gdy[k] = gd;
-        sums[0] += gd;
-        sums[1] += gd * xh;
-        dgamma[k] += dyv[k] * xh;
+        sums[0] += gdy[k];
+        sums[1] += gdy[k] * xhat[k];
+        dgamma[k] += dyv[k] * xhat[k];
         dbeta[k] += dyv[k];
     }
 }
@@ -361,16 +361,24 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
     g.rows(p.rows, |row| {
         let [xb, dyb, dxb, sb] = p.outer.offsets(row);
         let (mean, rstd) = saved_stats(p, sb, mean_in, rstd_in);
-        let mut xhat = [[0.0f32; K]; V];
-        let mut gdy = [[0.0f32; K]; V];
+        // x and dy stay held as loaded; xhat and g are computed again for dx.
+        let mut xv = Held::<T, K, V>::filled(0.0);
+        let mut dyv = Held::<T, K, V>::filled(0.0);
+        crate::unrolled!(j in V => {
+            let e = g.first::<K, V>(0, j);
+            if e < d {
+                let at = inner.at(e);
+                xv.load(j, x.add((xb + at[0]) as usize));
+                dyv.load(j, dy.add((dyb + at[1]) as usize));
+            }
+        });
         let mut sums = [0.0f32; 2];
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                bwd_slot::<T, I, K>(
-                    p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
-                    &mut xhat[j], &mut gdy[j], &mut sums, &mut dgamma[j], &mut dbeta[j],
-                );
+                let dyj = dyv.get(j);
+                let (xhat, gdy) = xhat_and_g::<T, K>(p, inner.at(e), xv.get(j), dyj, scale, mean, rstd);
+                bwd_sums::<K>(xhat, gdy, dyj, &mut sums, &mut dgamma[j], &mut dbeta[j]);
             }
         });
         let means = row_means(
@@ -380,8 +388,10 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let out = dx_of::<K>(xhat[j], gdy[j], means, rstd);
-                rows::store::<T, K>(dx.add((dxb + inner.at(e)[2]) as usize), out);
+                let at = inner.at(e);
+                let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv.get(j), dyv.get(j), scale, mean, rstd);
+                let out = dx_of::<K>(xhat, gdy, means, rstd);
+                rows::store::<T, K>(dx.add((dxb + at[2]) as usize), out);
             }
         });
     });
@@ -447,16 +457,24 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     g.rows(p.rows, |row| {
         let [xb, dyb, dxb, sb] = p.outer.offsets(row);
         let (mean, rstd) = saved_stats(p, sb, mean_in, rstd_in);
+        let load = |e: u32| {
+            let at = inner.at(e);
+            (
+                at,
+                rows::load::<T, K>(x.add((xb + at[0]) as usize)),
+                rows::load::<T, K>(dy.add((dyb + at[1]) as usize)),
+            )
+        };
         let mut sums = [0.0f32; 2];
-        let (mut xhat, mut gdy, mut dg, mut db) = ([0.0f32; K], [0.0f32; K], [0.0f32; K], [0.0f32; K]);
+        // The first pass wants only the row sums: the weight-gradient sums are dropped.
+        let (mut dg, mut db) = ([0.0f32; K], [0.0f32; K]);
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
-                    bwd_slot::<T, I, K>(
-                        p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
-                        &mut xhat, &mut gdy, &mut sums, &mut dg, &mut db,
-                    );
+                    let (at, xv, dyv) = load(e);
+                    let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv, dyv, scale, mean, rstd);
+                    bwd_sums::<K>(xhat, gdy, dyv, &mut sums, &mut dg, &mut db);
                 }
             });
         }
@@ -466,20 +484,15 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
-                    let (mut xh, mut gd, mut dgv, mut dbv) = ([0.0f32; K], [0.0f32; K], [0.0f32; K], [0.0f32; K]);
-                    let mut unused = [0.0f32; 2];
-                    bwd_slot::<T, I, K>(
-                        p, inner, e, [xb, dyb], x, dy, scale, mean, rstd,
-                        &mut xh, &mut gd, &mut unused, &mut dgv, &mut dbv,
-                    );
-                    let out = dx_of::<K>(xh, gd, means, rstd);
-                    rows::store::<T, K>(dx.add((dxb + inner.at(e)[2]) as usize), out);
+                    let (at, xv, dyv) = load(e);
+                    let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv, dyv, scale, mean, rstd);
+                    rows::store::<T, K>(dx.add((dxb + at[2]) as usize), dx_of::<K>(xhat, gdy, means, rstd));
                     if weight_grads {
                         for k in 0..K {
                             let i = e as usize + k;
                             let (og, ob) = if first_row { (0.0, 0.0) } else { (*dg_out.add(i), *db_out.add(i)) };
-                            *dg_out.add(i) = og + dgv[k];
-                            *db_out.add(i) = ob + dbv[k];
+                            *dg_out.add(i) = og + dyv[k] * xhat[k];
+                            *db_out.add(i) = ob + dyv[k];
                         }
                     }
                 }
@@ -630,7 +643,8 @@ macro_rules! mapped_entry_points {
 }
 
 /// The entry points of one dtype. Slot counts keep a thread's row values within the
-/// register budget the host plans with (`src/ops/rows.rs`): 32 values forward, 16 backward.
+/// register budget the host plans with (`src/ops/layer_norm.rs`): 32 values forward, 16
+/// backward (whose weight-gradient sums are f32).
 macro_rules! layer_norm_entry_points {
     (f32, $T:ty) => {
         layer_norm_entry_points!(@all f32, $T, [1 2 4 8], [1 2 4]);

@@ -227,13 +227,17 @@ unsafe fn store_blended<T: Element, const K: usize>(w: &PoolWindow, p: *mut T, v
     store::<T, K>(p, out);
 }
 
-/// Calls `f(values, index, valid)` for the in-bounds elements of window `o` in scan order,
-/// `index` being the element's linear spatial index `(d * H + h) * W + w` (which grows in
-/// scan order), a row at a time in chunks of four elements (two vectors): the chunk's
-/// loads are issued together and unconditionally (past the row's end they re-read its last
-/// element), so the code has no branches per element and each thread several loads in
-/// flight. Calls for the positions past the row's end have `valid == false` and values
-/// `fill`.
+/// Calls `f(values, index, valid)` for the in-bounds elements of window `o`, `index` being
+/// the element's linear spatial index `(d * H + h) * W + w` (which grows in scan order).
+/// The window's rows (its in-bounds (d, h) pairs, in scan order) are taken several at a
+/// time and each row in chunks of a few elements, sized to the window (single elements: up
+/// to 4 rows of up to 4, a 3x3 window in one step of 3x3; 16-byte vectors: 1 row of 2).
+/// The loads of a step are issued together and unconditionally (past the window's last
+/// row or a row's end they re-read its last element), so the code has no branches per
+/// element and each thread many loads in flight. Calls for positions past the window have
+/// `valid == false` and values `fill`. The calls are in scan order except across the
+/// column chunks of a row that takes several: `f` must not depend on the order (a max, a
+/// sum, the minimum matching index).
 ///
 /// # Safety
 /// Every in-bounds element at `x + base + spatial_offset(strides, ..)` is readable.
@@ -245,35 +249,109 @@ unsafe fn scan_window<T: Element, const K: usize>(
     base: u32,
     o: [u32; 3],
     fill: f32,
+    f: impl FnMut([f32; K], u32, bool),
+) {
+    if K > 1 {
+        return scan_steps::<T, K, 1, 2>(w, x, strides, base, o, fill, f);
+    }
+    match w.window[0] * w.window[1] {
+        0..=2 => scan_rows::<T, K, 2>(w, x, strides, base, o, fill, f),
+        3 => scan_rows::<T, K, 3>(w, x, strides, base, o, fill, f),
+        _ => scan_rows::<T, K, 4>(w, x, strides, base, o, fill, f),
+    }
+}
+
+/// [`scan_window`] in steps of `ROWS` rows, with chunks as wide as the window (2 to 4).
+///
+/// # Safety
+/// As [`scan_window`].
+#[inline(always)]
+unsafe fn scan_rows<T: Element, const K: usize, const ROWS: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    fill: f32,
+    f: impl FnMut([f32; K], u32, bool),
+) {
+    match w.window[2] {
+        0..=2 => scan_steps::<T, K, ROWS, 2>(w, x, strides, base, o, fill, f),
+        3 => scan_steps::<T, K, ROWS, 3>(w, x, strides, base, o, fill, f),
+        _ => scan_steps::<T, K, ROWS, 4>(w, x, strides, base, o, fill, f),
+    }
+}
+
+/// [`scan_window`] in steps of `ROWS` rows (at most 4) and chunks of `COLS` elements (at
+/// most 4).
+///
+/// # Safety
+/// As [`scan_window`].
+#[inline(always)]
+unsafe fn scan_steps<T: Element, const K: usize, const ROWS: usize, const COLS: usize>(
+    w: &PoolWindow,
+    x: *const T,
+    strides: &[u32; 5],
+    base: u32,
+    o: [u32; 3],
+    fill: f32,
     mut f: impl FnMut([f32; K], u32, bool),
 ) {
     let (d0, d1) = span(w, 0, o[0]);
     let (h0, h1) = span(w, 1, o[1]);
     let (w0, w1) = span(w, 2, o[2]);
-    let chunk = if K == 1 { 4 } else { 2 };
-    for d in d0..d1 {
-        for h in h0..h1 {
-            let row = base + d * strides[2] + h * strides[3];
-            let row_index = (d * w.input[1] + h) * w.input[2];
-            let mut c = w0;
-            while c < w1 {
-                let mut v = [[0.0f32; K]; 4];
-                crate::unroll!(j in [0, 1, 2, 3] {
-                    if j < chunk {
-                        let col = if c + (j as u32) < w1 { c + j as u32 } else { w1 - 1 };
-                        v[j] = load::<T, K>(x.add((row + col * strides[4]) as usize));
+    let window_rows = d1.saturating_sub(d0) * h1.saturating_sub(h0);
+    // The (d, h) of the step's first row, walked in scan order.
+    let (mut d, mut h) = (d0, h0);
+    let mut first = 0;
+    while first < window_rows {
+        // Each row of the step: its offset, its first linear index, whether it is in the
+        // window (rows past the last repeat it).
+        let mut row = [(0u32, 0u32, false); ROWS];
+        let (mut rd, mut rh) = (d, h);
+        crate::unroll!(r in [0, 1, 2, 3] {
+            if r < ROWS {
+                row[r] = (
+                    base + rd * strides[2] + rh * strides[3],
+                    (rd * w.input[1] + rh) * w.input[2],
+                    first + (r as u32) < window_rows,
+                );
+                // On to the next row, unless this one is the window's last.
+                if first + (r as u32) + 1 < window_rows {
+                    rh += 1;
+                    if rh == h1 {
+                        rh = h0;
+                        rd += 1;
                     }
-                });
-                crate::unroll!(j in [0, 1, 2, 3] {
-                    if j < chunk {
-                        let valid = c + (j as u32) < w1;
-                        let index = row_index + c + j as u32;
-                        f(if valid { v[j] } else { [fill; K] }, index, valid);
-                    }
-                });
-                c += chunk as u32;
+                }
             }
+        });
+        let mut c = w0;
+        while c < w1 {
+            let mut v = [[[0.0f32; K]; COLS]; ROWS];
+            crate::unroll!(r in [0, 1, 2, 3] {
+                crate::unroll!(j in [0, 1, 2, 3] {
+                    if r < ROWS && j < COLS {
+                        let col = if c + (j as u32) < w1 { c + j as u32 } else { w1 - 1 };
+                        v[r][j] = load::<T, K>(x.add((row[r].0 + col * strides[4]) as usize));
+                    }
+                });
+            });
+            crate::unroll!(r in [0, 1, 2, 3] {
+                crate::unroll!(j in [0, 1, 2, 3] {
+                    if r < ROWS && j < COLS {
+                        let valid = row[r].2 & (c + (j as u32) < w1);
+                        let index = row[r].1 + c + j as u32;
+                        f(if valid { v[r][j] } else { [fill; K] }, index, valid);
+                    }
+                });
+            });
+            c += COLS as u32;
         }
+        // The walk stopped on the row after the step's last (the window's last row if
+        // none is left): the next step's first.
+        (d, h) = (rd, rh);
+        first += ROWS as u32;
     }
 }
 

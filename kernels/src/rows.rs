@@ -1,7 +1,7 @@
 //! The row engine of the normalisation-style families (layer/RMS norm, softmax): each row
 //! of `len` elements is handled by a [`Group`] of whole warps, which loads it once into
-//! registers, reduces across the group by shuffles (and shared memory between warps), and
-//! writes the result.
+//! registers ([`Held`]: as loaded, two 16-bit elements a register), reduces across the group
+//! by shuffles (and shared memory between warps), and writes the result.
 //!
 //! Slot `j` (of `V` per thread) of lane `l` of warp `w` in a group of `W` warps covers, in
 //! chunk `c`, the `K` elements from `(((c * W + w) * V + j) * 32 + l) * K`: every warp-wide
@@ -12,10 +12,11 @@
 //! group's registers are streamed chunk by chunk (`long` kernels).
 
 use crate::device::{
-    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, shfl_xor_f32,
-    thread_idx_x, warp_id, warp_reduce,
+    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, opaque_words,
+    shfl_xor_f32, thread_idx_x, warp_id, warp_reduce, Vec16,
 };
 use crate::element::Element;
+use core::marker::PhantomData;
 use oxidnn_params::IndexMap;
 
 /// Elements of `T` in a 16-byte vector.
@@ -163,6 +164,57 @@ impl<const N: usize> Inner<N> for &IndexMap<N> {
     #[inline(always)]
     fn at(&self, e: u32) -> [u64; N] {
         self.offsets(e)
+    }
+}
+
+/// A thread's `V` slots of a row (`K` elements each), held in registers as they were
+/// loaded: a 16-byte vector keeps its raw words (two elements a register for 16-bit
+/// types), a single element its f32 bits. Every [`Held::get`] unpacks afresh, so no f32
+/// copy of the row stays alive across the group's reductions: a 16-bit row costs half the
+/// registers, and the row kernels fit more rows per SM.
+#[derive(Clone, Copy)]
+pub struct Held<T, const K: usize, const V: usize> {
+    words: [Vec16; V],
+    element: PhantomData<T>,
+}
+
+impl<T: Element, const K: usize, const V: usize> Held<T, K, V> {
+    /// Every element `fill` (what slots past the row's end read as).
+    #[inline(always)]
+    pub fn filled(fill: f32) -> Self {
+        let words = if K == 1 {
+            [fill.to_bits(), 0, 0, 0]
+        } else {
+            T::pack::<K>([fill; K])
+        };
+        Self {
+            words: [words; V],
+            element: PhantomData,
+        }
+    }
+
+    /// Loads slot `j` from `p` through the read-only path.
+    ///
+    /// # Safety
+    /// As [`load`].
+    #[inline(always)]
+    pub unsafe fn load(&mut self, j: usize, p: *const T) {
+        self.words[j] = if K == 1 {
+            [T::load(p).to_bits(), 0, 0, 0]
+        } else {
+            T::load_raw::<K>(p, true)
+        };
+    }
+
+    /// The elements of slot `j`, as f32.
+    #[inline(always)]
+    pub fn get(&self, j: usize) -> [f32; K] {
+        let w = opaque_words(self.words[j]);
+        if K == 1 {
+            [f32::from_bits(w[0]); K]
+        } else {
+            T::unpack::<K>(w)
+        }
     }
 }
 

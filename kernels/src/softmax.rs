@@ -16,7 +16,7 @@ use crate::activation::blend;
 use crate::device::grid_stride;
 use crate::element::Element;
 use crate::math::{exp, ln};
-use crate::rows::{self, max_nan, shfl_pair, vector_elements, Dense, Group, Inner};
+use crate::rows::{self, max_nan, shfl_pair, vector_elements, Dense, Group, Held, Inner};
 use oxidnn_params::{IndexMap, SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams, STREAM_SLOTS};
 
 /// A running maximum and the sum of `exp(x - max)` of the elements seen.
@@ -82,11 +82,12 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usi
     let algo = SoftmaxAlgorithm::from_u32(p.algo);
     g.rows(p.rows, |row| {
         let [xb, yb] = p.outer.offsets(row);
-        let mut v = [[f32::NEG_INFINITY; K]; V];
+        // Slots past the row hold -inf: they add exp(-inf) = 0.
+        let mut v = Held::<T, K, V>::filled(f32::NEG_INFINITY);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                v[j] = rows::load::<T, K>(x.add((xb + inner.at(e)[0]) as usize));
+                v.load(j, x.add((xb + inner.at(e)[0]) as usize));
             }
         });
         let m = if algo == SoftmaxAlgorithm::Fast {
@@ -94,27 +95,25 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usi
         } else {
             let mut m = f32::NEG_INFINITY;
             crate::unrolled!(j in V => {
-                for k in 0..K {
-                    m = max_nan(m, v[j][k]);
+                for vk in v.get(j) {
+                    m = max_nan(m, vk);
                 }
             });
             g.max(m)
         };
-        // Slots past the row hold -inf: they add exp(-inf) = 0.
         let mut s = 0.0f32;
         crate::unrolled!(j in V => {
-            for k in 0..K {
-                s += exp(v[j][k] - m);
+            for vk in v.get(j) {
+                s += exp(vk - m);
             }
         });
         let inv_or_shift = finish_row(algo, m, g.sum(s));
+        // The exponentials are taken again rather than kept: only the held row stays live
+        // across the sum.
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let mut out = [0.0f32; K];
-                for k in 0..K {
-                    out[k] = forward_value(algo, v[j][k], m, inv_or_shift);
-                }
+                let out = v.get(j).map(|vk| forward_value(algo, vk, m, inv_or_shift));
                 blend_store::<T, K>(p.alpha, p.beta, y.add((yb + inner.at(e)[1]) as usize), out);
             }
         });
@@ -223,30 +222,29 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<3>, const K: usize, const V: usi
     let algo = SoftmaxAlgorithm::from_u32(p.algo);
     g.rows(p.rows, |row| {
         let [yb, dyb, dxb] = p.outer.offsets(row);
-        let mut yv = [[0.0f32; K]; V];
-        let mut dyv = [[0.0f32; K]; V];
+        let mut yv = Held::<T, K, V>::filled(0.0);
+        let mut dyv = Held::<T, K, V>::filled(0.0);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
                 let at = inner.at(e);
-                yv[j] = rows::load::<T, K>(y.add((yb + at[0]) as usize));
-                dyv[j] = rows::load::<T, K>(dy.add((dyb + at[1]) as usize));
+                yv.load(j, y.add((yb + at[0]) as usize));
+                dyv.load(j, dy.add((dyb + at[1]) as usize));
             }
         });
         let mut s = 0.0f32;
         crate::unrolled!(j in V => {
+            let (yj, dyj) = (yv.get(j), dyv.get(j));
             for k in 0..K {
-                s += bwd_term(algo, yv[j][k], dyv[j][k]);
+                s += bwd_term(algo, yj[k], dyj[k]);
             }
         });
         let s = g.sum(s);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let mut out = [0.0f32; K];
-                for k in 0..K {
-                    out[k] = bwd_value(algo, yv[j][k], dyv[j][k], s);
-                }
+                let (yj, dyj) = (yv.get(j), dyv.get(j));
+                let out: [f32; K] = core::array::from_fn(|k| bwd_value(algo, yj[k], dyj[k], s));
                 blend_store::<T, K>(p.alpha, p.beta, dx.add((dxb + inner.at(e)[2]) as usize), out);
             }
         });
@@ -459,17 +457,12 @@ macro_rules! mapped_entry_points {
     };
 }
 
-/// The entry points of one dtype. Slot counts keep a thread's row values within the
-/// register budget the host plans with (`src/ops/rows.rs`): 32 values per operand.
+/// The entry points of one dtype. Slot counts keep a thread's held row within the register
+/// budget the host plans with (`src/ops/softmax.rs`): 32 registers per operand, 32 f32 or
+/// 64 16-bit values.
 macro_rules! softmax_entry_points {
-    (f32, $T:ty) => {
-        softmax_entry_points!(@all f32, $T, [1 2 4 8]);
-    };
     ($dt:ident, $T:ty) => {
-        softmax_entry_points!(@all $dt, $T, [1 2 4]);
-    };
-    (@all $dt:ident, $T:ty, [$($v:literal)*]) => {
-        in_register_entry_points!($dt, $T, $($v)*);
+        in_register_entry_points!($dt, $T, 1 2 4 8);
         mapped_entry_points!($dt, $T, 4);
         paste::paste! {
             /// # Safety

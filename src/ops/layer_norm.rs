@@ -304,8 +304,12 @@ pub fn layer_norm_forward(
                     problem.weight_strides.clone(),
                 ],
             };
+            // The forward holds its rows as loaded, but its output pass also takes gamma and
+            // beta per value: 32 values, whatever their size (64 16-bit values measured
+            // slower, at 120 registers).
             let budget = Budget {
                 max_values: 32,
+                packed: false,
                 columns: false,
             };
             let limit = block_limit(gpu, |k| fwd_kernel(k, dtype));
@@ -424,8 +428,10 @@ struct BwdLaunch {
 
 impl BwdLaunch {
     fn new(gpu: &Gpu, split: &Split<4, 4>, dtype: DataType, weight_grads: bool) -> Result<Self> {
+        // The backward also keeps f32 weight-gradient sums per value: 16 values.
         let budget = Budget {
             max_values: 16,
+            packed: false,
             columns: false,
         };
         let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));

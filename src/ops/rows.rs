@@ -40,11 +40,26 @@ pub(crate) enum RowKernel {
 }
 
 /// What a family's kernels can hold: `max_values` row values per thread and operand in
-/// registers, and whether it has a `column` kernel.
+/// registers, and whether it has a `column` kernel. With `packed`, the kernels hold a
+/// row's vectors as loaded (`Held` in `kernels/src/rows.rs`) and the budget counts 32-bit
+/// registers: a 16-bit type fits twice as many values.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Budget {
     pub max_values: usize,
+    pub packed: bool,
     pub columns: bool,
+}
+
+impl Budget {
+    /// Row values per thread and operand for elements of `elem_bytes` held as `vectors`
+    /// (16-byte vectors) or one by one.
+    fn values(&self, elem_bytes: usize, vectors: bool) -> usize {
+        if self.packed && vectors {
+            self.max_values * (4 / elem_bytes).max(1)
+        } else {
+            self.max_values
+        }
+    }
 }
 
 /// The kernel and geometry for a [`Split`].
@@ -130,10 +145,11 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
         };
         // The most slots per thread within the budget whose kernel can launch the group
         // the row needs (more slots: fewer warps per row, fewer block-wide reductions).
+        let max_values = budget.values(elem_bytes, vectors);
         let mut allowed: Vec<u32> = list
             .iter()
             .copied()
-            .filter(|&v| v as usize * k <= budget.max_values)
+            .filter(|&v| v as usize * k <= max_values)
             .collect();
         allowed.sort_unstable();
         let mut chosen = None;
@@ -296,6 +312,7 @@ mod tests {
 
     const FWD: Budget = Budget {
         max_values: 32,
+        packed: false,
         columns: false,
     };
 
@@ -313,6 +330,32 @@ mod tests {
         assert_eq!((p.kernel, p.warps), (RowKernel::Vectors { slots: 2 }, 1));
     }
 
+    /// Held as loaded, a 16-bit row takes twice the values of an f32 one in the same
+    /// registers: fewer warps per row. Elements loaded one by one take a register each.
+    #[test]
+    fn packed_sixteen_bit_rows_take_twice_the_values() {
+        let packed = Budget {
+            packed: true,
+            ..FWD
+        };
+        // (rows, row length, element bytes, budget) -> (kernel, warps per row)
+        let cases = [
+            ([8192, 4096], 2, FWD, RowKernel::Vectors { slots: 4 }, 4),
+            ([8192, 4096], 2, packed, RowKernel::Vectors { slots: 8 }, 2),
+            ([8192, 4096], 4, packed, RowKernel::Vectors { slots: 8 }, 4),
+            ([10, 4001], 2, packed, RowKernel::Mapped { slots: 4 }, 32),
+        ];
+        for ([rows, len], bytes, budget, kernel, warps) in cases {
+            let s = split(&[rows], &[len]);
+            let p = RowPlan::new(&s, [true, true], bytes, budget, &any_block).unwrap();
+            assert_eq!(
+                (p.kernel, p.warps),
+                (kernel, warps),
+                "{rows}x{len}, {bytes} bytes"
+            );
+        }
+    }
+
     #[test]
     fn odd_rows_are_mapped_and_long_rows_streamed() {
         let p = RowPlan::new(&split(&[10], &[97]), [true, true], 4, FWD, &any_block).unwrap();
@@ -325,10 +368,11 @@ mod tests {
     #[test]
     fn every_planned_slot_count_has_a_kernel_list_entry() {
         for bytes in [2usize, 4] {
-            for max_values in [16usize, 32] {
+            for (max_values, packed) in [(16usize, false), (32, false), (32, true)] {
                 for d in (1..70_000).step_by(7) {
                     let b = Budget {
                         max_values,
+                        packed,
                         columns: false,
                     };
                     let p = RowPlan::new(&split(&[2], &[d]), [true, true], bytes, b, &any_block)
@@ -336,7 +380,7 @@ mod tests {
                     let k = 16 / bytes;
                     match p.kernel {
                         RowKernel::Vectors { slots } => {
-                            assert!(slots as usize * k <= max_values);
+                            assert!(slots as usize * k <= b.values(bytes, true));
                             assert!(32 * p.warps * slots * k as u32 >= d as u32);
                         }
                         RowKernel::Mapped { slots } => {

@@ -56,9 +56,10 @@ impl SoftmaxMode {
     }
 }
 
-/// Row values per thread the kernels hold in registers (per operand).
+/// Registers per thread the kernels hold a row in (per operand; rows held as loaded).
 const BUDGET: Budget = Budget {
     max_values: 32,
+    packed: true,
     columns: true,
 };
 
