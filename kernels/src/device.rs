@@ -769,6 +769,40 @@ pub unsafe fn st_shared_u32(addr: u32, v: u32) {
          options(nostack, preserves_flags));
 }
 
+/// A shared-memory load of a value of any `Copy` type made of 32-bit words (`f32`,
+/// `[f32; 2]`, ..), one `ld.shared.u32` a word.
+///
+/// # Safety
+/// As [`ld_shared_u32`], for each of the value's words.
+#[inline(always)]
+pub unsafe fn ld_shared_words<T: Copy>(addr: u32) -> T {
+    const { assert!(size_of::<T>() % 4 == 0) };
+    let mut v = core::mem::MaybeUninit::<T>::uninit();
+    let words = v.as_mut_ptr() as *mut u32;
+    for i in 0..size_of::<T>() / 4 {
+        // SAFETY: `i` words into a `T` of `size_of::<T>() / 4` words.
+        words
+            .add(i)
+            .write_unaligned(ld_shared_u32(addr + 4 * i as u32));
+    }
+    // SAFETY: every word of `v` was written; `T` is plain data (`Copy`, of f32/u32 words).
+    v.assume_init()
+}
+
+/// A shared-memory store of a value of 32-bit words (see [`ld_shared_words`]).
+///
+/// # Safety
+/// As [`ld_shared_u32`], for each of the value's words.
+#[inline(always)]
+pub unsafe fn st_shared_words<T: Copy>(addr: u32, v: T) {
+    const { assert!(size_of::<T>() % 4 == 0) };
+    let words = &v as *const T as *const u32;
+    for i in 0..size_of::<T>() / 4 {
+        // SAFETY: `i` words into `v`.
+        st_shared_u32(addr + 4 * i as u32, words.add(i).read_unaligned());
+    }
+}
+
 /// A 16-byte shared-memory load.
 ///
 /// # Safety

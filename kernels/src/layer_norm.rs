@@ -12,7 +12,10 @@
 //!
 //! Statistics and arithmetic are f32 for every storage type.
 
-use crate::device::{block_idx_x, lane_id, shfl_xor_f32, sqrt, sync_threads, warp_id};
+use crate::device::{
+    block_dim_x, block_idx_x, dynamic_smem, lane_id, ld_shared_f32, ld_shared_v4, shfl_xor_f32,
+    sqrt, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x, warp_id,
+};
 use crate::element::Element;
 use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
 use oxidnn_params::{
@@ -264,44 +267,41 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     });
 }
 
+/// The scale (gamma) of the `K` elements at weight offset `at`: 1 without one.
+#[inline(always)]
+unsafe fn gamma_of<T: Element, const K: usize>(
+    p: &LayerNormBwdParams,
+    at: u64,
+    scale: *const u8,
+) -> [f32; K] {
+    if p.flags & NORM_SCALE != 0 {
+        rows::load_params::<T, K>(scale, at, p.flags & NORM_F32_WEIGHTS != 0)
+    } else {
+        [1.0; K]
+    }
+}
+
 /// `xhat = (x - mean) * rstd` and `g = dy * gamma` of one slot.
 #[inline(always)]
-unsafe fn xhat_and_g<T: Element, const K: usize>(
-    p: &LayerNormBwdParams,
-    at: [u64; 4],
+fn xhat_and_g<const K: usize>(
     xv: [f32; K],
     dyv: [f32; K],
-    scale: *const u8,
+    gamma: [f32; K],
     mean: f32,
     rstd: f32,
 ) -> ([f32; K], [f32; K]) {
-    let gamma = if p.flags & NORM_SCALE != 0 {
-        rows::load_params::<T, K>(scale, at[3], p.flags & NORM_F32_WEIGHTS != 0)
-    } else {
-        [1.0; K]
-    };
     (
         core::array::from_fn(|k| (xv[k] - mean) * rstd),
         core::array::from_fn(|k| dyv[k] * gamma[k]),
     )
 }
 
-/// What one slot adds to its row's sums of `g` and `g * xhat`, and to the weight-gradient
-/// sums of its elements (`dy * xhat` and `dy`).
+/// What one slot adds to its row's sums of `g` and `g * xhat`.
 #[inline(always)]
-fn bwd_sums<const K: usize>(
-    xhat: [f32; K],
-    gdy: [f32; K],
-    dyv: [f32; K],
-    sums: &mut [f32; 2],
-    dgamma: &mut [f32; K],
-    dbeta: &mut [f32; K],
-) {
+fn bwd_sums<const K: usize>(xhat: [f32; K], gdy: [f32; K], sums: &mut [f32; 2]) {
     for k in 0..K {
         sums[0] += gdy[k];
         sums[1] += gdy[k] * xhat[k];
-        dgamma[k] += dyv[k] * xhat[k];
-        dbeta[k] += dyv[k];
     }
 }
 
@@ -332,15 +332,124 @@ unsafe fn saved_stats(
     (mean, *rstd_in.add(at as usize))
 }
 
+/// `mean(g)` and `mean(g * xhat)` from their sums and `1 / row_len` (a product: a divide
+/// per row would call its slow-path subroutine, which waits on every load in flight).
 #[inline(always)]
-fn row_means(p: &LayerNormBwdParams, sums: [f32; 2]) -> [f32; 2] {
-    let d = p.row_len as f32;
-    [if p.rms != 0 { 0.0 } else { sums[0] / d }, sums[1] / d]
+fn row_means(p: &LayerNormBwdParams, sums: [f32; 2], inv_d: f32) -> [f32; 2] {
+    [
+        if p.rms != 0 { 0.0 } else { sums[0] * inv_d },
+        sums[1] * inv_d,
+    ]
 }
 
-/// The backward pass with each row in registers. Each thread keeps the weight-gradient
-/// sums of its own elements over all rows of its group; at the end the groups of a block
-/// add theirs in shared memory in a fixed order and the block writes its slot.
+/// The weight-gradient sums of the in-register backward (`dy * xhat` for the scale, `dy`
+/// for the bias) over all rows of a thread's group, per element the thread holds: kept in
+/// dynamic shared memory, not registers, so the registers hold the next row's loads
+/// instead. The `N = V * K` values of thread `t` lie in quads of 4 (`q = i / 4`), table
+/// `s` (0: scale, 1: bias) at bytes `((s * Q + q) * block + t) * 16`: a warp's quad access
+/// is 512 consecutive bytes.
+#[derive(Clone, Copy)]
+struct WeightSums<const K: usize, const V: usize> {
+    base: u32,
+    block: u32,
+}
+
+impl<const K: usize, const V: usize> WeightSums<K, V> {
+    /// Quads per thread and table.
+    const QUADS: u32 = (V * K).div_ceil(4) as u32;
+
+    /// The sums of this block, in the dynamic shared memory the host launches it with
+    /// (`layer_norm_bwd_shared_bytes`: `2 * QUADS * 16` bytes per thread).
+    #[inline(always)]
+    fn new() -> Self {
+        Self {
+            base: dynamic_smem(),
+            block: block_dim_x(),
+        }
+    }
+
+    /// The shared address of value `i` of `thread` in table `s`.
+    #[inline(always)]
+    fn at(&self, s: u32, i: usize, thread: u32) -> u32 {
+        let q = (i / 4) as u32;
+        self.base + ((s * Self::QUADS + q) * self.block + thread) * 16 + (i % 4) as u32 * 4
+    }
+
+    /// Zeroes this thread's sums.
+    ///
+    /// # Safety
+    /// The block was launched with the shared bytes above.
+    #[inline(always)]
+    unsafe fn clear(&self) {
+        for s in 0..2 {
+            for q in 0..Self::QUADS as usize {
+                st_shared_v4(self.at(s, 4 * q, thread_idx_x()), [0; 4]);
+            }
+        }
+    }
+
+    /// The sums of slot `j`'s elements of `thread` in table `s`.
+    ///
+    /// # Safety
+    /// As [`WeightSums::clear`].
+    #[inline(always)]
+    unsafe fn get(&self, s: u32, j: usize, thread: u32) -> [f32; K] {
+        let mut out = [0.0f32; K];
+        if K % 4 == 0 {
+            for c in 0..K / 4 {
+                let w = ld_shared_v4(self.at(s, j * K + 4 * c, thread));
+                for i in 0..4 {
+                    out[4 * c + i] = f32::from_bits(w[i]);
+                }
+            }
+        } else {
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = ld_shared_f32(self.at(s, j * K + k, thread));
+            }
+        }
+        out
+    }
+
+    /// Adds `v` to this thread's sums of slot `j` in table `s`.
+    ///
+    /// # Safety
+    /// As [`WeightSums::clear`].
+    #[inline(always)]
+    unsafe fn add(&self, s: u32, j: usize, v: [f32; K]) {
+        let t = thread_idx_x();
+        let old = self.get(s, j, t);
+        if K % 4 == 0 {
+            for c in 0..K / 4 {
+                let w = core::array::from_fn(|i| (old[4 * c + i] + v[4 * c + i]).to_bits());
+                st_shared_v4(self.at(s, j * K + 4 * c, t), w);
+            }
+        } else {
+            for k in 0..K {
+                st_shared_f32(self.at(s, j * K + k, t), old[k] + v[k]);
+            }
+        }
+    }
+}
+
+/// A group's row as the in-register backward holds it: `x` and `dy` as loaded, the row's
+/// saved statistics, and where its `dx` row starts.
+struct BwdRow<T, const K: usize, const V: usize> {
+    x: Held<T, K, V>,
+    dy: Held<T, K, V>,
+    mean: f32,
+    rstd: f32,
+    dx_base: u64,
+}
+
+/// The backward pass with each row in registers.
+///
+/// A group issues its next row's loads (x, dy and the statistics) once it has used the
+/// current row's, so a row is in flight through each reduction and `dx` pass. Nothing
+/// else is loaded from global memory inside the row loop (the scale is loaded once: a
+/// thread's elements are the same in every row), so no wait for a later load also waits
+/// for that row. Each thread adds the weight-gradient sums of its own elements over the
+/// group's rows in shared memory ([`WeightSums`]); at the end, group 0 of the block adds
+/// the groups' sums in a fixed order and writes the block's slot.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usize>(
@@ -356,46 +465,105 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
 ) {
     let g = Group::new(p.warps);
     let d = p.row_len;
-    let mut dgamma = [[0.0f32; K]; V];
-    let mut dbeta = [[0.0f32; K]; V];
-    g.rows(p.rows, |row| {
-        let [xb, dyb, dxb, sb] = p.outer.offsets(row);
-        let (mean, rstd) = saved_stats(p, sb, mean_in, rstd_in);
-        // x and dy stay held as loaded; xhat and g are computed again for dx.
-        let mut xv = Held::<T, K, V>::filled(0.0);
-        let mut dyv = Held::<T, K, V>::filled(0.0);
-        crate::unrolled!(j in V => {
-            let e = g.first::<K, V>(0, j);
-            if e < d {
-                let at = inner.at(e);
-                xv.load(j, x.add((xb + at[0]) as usize));
-                dyv.load(j, dy.add((dyb + at[1]) as usize));
-            }
-        });
+    let inv_d = 1.0 / d as f32;
+    let weight_grads = p.flags & (NORM_DSCALE | NORM_DBIAS) != 0;
+    let wsums = WeightSums::<K, V>::new();
+    if weight_grads {
+        wsums.clear();
+    }
+    let gamma: [[f32; K]; V] = core::array::from_fn(|j| {
+        let e = g.first::<K, V>(0, j);
+        if e < d {
+            gamma_of::<T, K>(p, inner.at(e)[3], scale)
+        } else {
+            [0.0; K]
+        }
+    });
+    let load = #[inline(always)]
+    |row: u32| {
+        let mut held = BwdRow {
+            x: Held::<T, K, V>::filled(0.0),
+            dy: Held::<T, K, V>::filled(0.0),
+            mean: 0.0,
+            rstd: 0.0,
+            dx_base: 0,
+        };
+        if row < p.rows {
+            let [xb, dyb, dxb, sb] = p.outer.offsets(row);
+            (held.mean, held.rstd) = saved_stats(p, sb, mean_in, rstd_in);
+            held.dx_base = dxb;
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(0, j);
+                if e < d {
+                    let at = inner.at(e);
+                    held.x.load(j, x.add((xb + at[0]) as usize));
+                    held.dy.load(j, dy.add((dyb + at[1]) as usize));
+                }
+            });
+        }
+        held
+    };
+    // One row: its sums (the last use of its loads), then the next row's loads, then its
+    // reduction and dx. Returns the next row's loads.
+    let step = #[inline(always)]
+    |row: u32, held: BwdRow<T, K, V>| {
+        let BwdRow {
+            x: xv,
+            dy: dyv,
+            mean,
+            rstd,
+            dx_base,
+        } = held;
+        // Every slot, also those past the row's end (their x, dy and gamma are 0: they add
+        // nothing), so that this first use of each loaded register is unconditional: the
+        // wait for this row's loads happens here on every path, and no later use waits
+        // again, behind the next row's loads.
         let mut sums = [0.0f32; 2];
         crate::unrolled!(j in V => {
-            let e = g.first::<K, V>(0, j);
-            if e < d {
-                let dyj = dyv.get(j);
-                let (xhat, gdy) = xhat_and_g::<T, K>(p, inner.at(e), xv.get(j), dyj, scale, mean, rstd);
-                bwd_sums::<K>(xhat, gdy, dyj, &mut sums, &mut dgamma[j], &mut dbeta[j]);
+            let dyj = dyv.get(j);
+            let (xhat, gdy) = xhat_and_g::<K>(xv.get(j), dyj, gamma[j], mean, rstd);
+            bwd_sums::<K>(xhat, gdy, &mut sums);
+            if weight_grads {
+                wsums.add(0, j, core::array::from_fn(|k| dyj[k] * xhat[k]));
+                wsums.add(1, j, dyj);
             }
         });
+        let next = load(row + g.count);
         let means = row_means(
             p,
             g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair),
+            inv_d,
         );
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let at = inner.at(e);
-                let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv.get(j), dyv.get(j), scale, mean, rstd);
+                let (xhat, gdy) = xhat_and_g::<K>(xv.get(j), dyv.get(j), gamma[j], mean, rstd);
                 let out = dx_of::<K>(xhat, gdy, means, rstd);
-                rows::store::<T, K>(dx.add((dxb + at[2]) as usize), out);
+                rows::store::<T, K>(dx.add((dx_base + inner.at(e)[2]) as usize), out);
             }
         });
-    });
-    if p.flags & (NORM_DSCALE | NORM_DBIAS) == 0 {
+        next
+    };
+    // Two rows a turn, the loads alternating between two sets of registers: with one set,
+    // the loop's copy of the next row's registers into the current row's would wait for
+    // the loads to land, and nothing would be in flight across the turn.
+    let mut row = g.index;
+    let mut held = load(row);
+    while row < p.rows {
+        let second = step(row, held);
+        row += g.count;
+        if row >= p.rows {
+            break;
+        }
+        held = step(row, second);
+        row += g.count;
+    }
+    if !weight_grads {
+        return;
+    }
+    // Group 0 adds the block's groups' sums of each of its elements, in group order.
+    sync_threads();
+    if g.in_block != 0 {
         return;
     }
     let slot = block_idx_x() as usize;
@@ -403,30 +571,24 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         partials.add(slot * d as usize),
         partials.add((p.slots as usize + slot) * d as usize),
     );
-    // The block's groups add their sums into its slot in turn (group 0 stores): a fixed
-    // order, and the block barrier orders each turn's global writes before the next's reads.
-    for turn in 0..g.per_block {
-        if g.in_block == turn {
-            crate::unrolled!(j in V => {
-                let e = g.first::<K, V>(0, j);
-                if e < d {
-                    for k in 0..K {
-                        let i = e as usize + k;
-                        let (og, ob) = if turn == 0 {
-                            (0.0, 0.0)
-                        } else {
-                            (*dg_out.add(i), *db_out.add(i))
-                        };
-                        *dg_out.add(i) = og + dgamma[j][k];
-                        *db_out.add(i) = ob + dbeta[j][k];
-                    }
+    crate::unrolled!(j in V => {
+        let e = g.first::<K, V>(0, j);
+        if e < d {
+            let (mut dg, mut db) = ([0.0f32; K], [0.0f32; K]);
+            for b in 0..g.per_block {
+                let t = b * g.threads + g.rank;
+                let (gs, bs) = (wsums.get(0, j, t), wsums.get(1, j, t));
+                for k in 0..K {
+                    dg[k] += gs[k];
+                    db[k] += bs[k];
                 }
-            });
+            }
+            for k in 0..K {
+                *dg_out.add(e as usize + k) = dg[k];
+                *db_out.add(e as usize + k) = db[k];
+            }
         }
-        if g.per_block > 1 {
-            sync_threads();
-        }
-    }
+    });
 }
 
 /// The backward pass for long rows: the two row sums chunk by chunk, then `dx` and the
@@ -448,6 +610,7 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     const V: usize = STREAM_SLOTS as usize;
     let g = Group::new(p.warps);
     let d = p.row_len;
+    let inv_d = 1.0 / d as f32;
     let weight_grads = p.flags & (NORM_DSCALE | NORM_DBIAS) != 0;
     let slot = g.index as usize;
     let (dg_out, db_out) = (
@@ -466,26 +629,24 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
             )
         };
         let mut sums = [0.0f32; 2];
-        // The first pass wants only the row sums: the weight-gradient sums are dropped.
-        let (mut dg, mut db) = ([0.0f32; K], [0.0f32; K]);
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let (at, xv, dyv) = load(e);
-                    let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv, dyv, scale, mean, rstd);
-                    bwd_sums::<K>(xhat, gdy, dyv, &mut sums, &mut dg, &mut db);
+                    let (xhat, gdy) = xhat_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean, rstd);
+                    bwd_sums::<K>(xhat, gdy, &mut sums);
                 }
             });
         }
-        let means = row_means(p, g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair));
+        let means = row_means(p, g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair), inv_d);
         let first_row = row == g.index;
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let (at, xv, dyv) = load(e);
-                    let (xhat, gdy) = xhat_and_g::<T, K>(p, at, xv, dyv, scale, mean, rstd);
+                    let (xhat, gdy) = xhat_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean, rstd);
                     rows::store::<T, K>(dx.add((dxb + at[2]) as usize), dx_of::<K>(xhat, gdy, means, rstd));
                     if weight_grads {
                         for k in 0..K {

@@ -12,8 +12,8 @@
 //! group's registers are streamed chunk by chunk (`long` kernels).
 
 use crate::device::{
-    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, opaque_words,
-    shfl_xor_f32, thread_idx_x, warp_id, warp_reduce, Vec16,
+    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, ld_shared_words,
+    opaque_words, shfl_xor_f32, st_shared_words, thread_idx_x, warp_id, warp_reduce, Vec16,
 };
 use crate::element::Element;
 use core::marker::PhantomData;
@@ -96,21 +96,25 @@ impl Group {
         // Each warp's total to shared memory (one slot per warp of the block, at most 32),
         // then every thread combines its group's slots in warp order.
         let _ = identity;
-        let scratch = crate::shared_array!(T, 512);
+        const { assert!(size_of::<T>() <= 16, "a warp's slot holds 16 bytes") };
+        let scratch = crate::shared_f32!(512).base;
+        let slot = |w: u32| scratch + w * size_of::<T>() as u32;
         let warp = warp_id();
-        let first = (self.in_block * self.warps) as usize;
+        let first = self.in_block * self.warps;
         let barrier = 1 + self.in_block;
-        // SAFETY: warp `w` of the block writes slot `w < 32`; the named barrier of the group
-        // orders those writes before the group's reads, the second one keeps a later call's
-        // writes behind them.
+        // SAFETY: warp `w` of the block writes slot `w < 32` (at most 16 bytes each: 512
+        // bytes); the named barrier of the group orders those writes before the group's
+        // reads, the second one keeps a later call's writes behind them. Shared-window
+        // loads, not generic ones, so no wait on them also waits on the thread's global
+        // loads in flight.
         unsafe {
             if lane_id() == 0 {
-                *scratch.add(warp as usize) = total;
+                st_shared_words(slot(warp), total);
             }
             bar_sync(barrier, self.threads);
-            let mut all = *scratch.add(first);
-            for w in 1..self.warps as usize {
-                all = combine(all, *scratch.add(first + w));
+            let mut all = ld_shared_words::<T>(slot(first));
+            for w in 1..self.warps {
+                all = combine(all, ld_shared_words::<T>(slot(first + w)));
             }
             bar_sync(barrier, self.threads);
             all

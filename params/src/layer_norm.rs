@@ -21,6 +21,18 @@ pub const NORM_DBIAS: u32 = 32;
 /// 32 warps, each warp summing every 32nd workspace slot.
 pub const NORM_FINALIZE_THREADS: u32 = 1024;
 
+/// Dynamic shared memory of an in-register backward block (`vec` and `map` kernels) of
+/// `threads` threads holding `values` row elements each, when weight gradients are
+/// accumulated: each thread's scale and bias gradient sums, f32, in quads of 4 (0 without
+/// weight gradients: the kernels then touch no dynamic shared memory).
+pub const fn layer_norm_bwd_shared_bytes(threads: u32, values: u32, weight_grads: bool) -> u32 {
+    if weight_grads {
+        2 * values.div_ceil(4) * 16 * threads
+    } else {
+        0
+    }
+}
+
 /// Parameters of `layer_norm_fwd_*`: each of `rows` rows of `row_len` elements (the
 /// normalized dims, folded) becomes `y = (x - mean) * rstd * gamma + beta`, with
 /// `rstd = 1 / sqrt(var + epsilon)` (biased variance); RMS norm: `mean = 0`, `var = E[x^2]`.

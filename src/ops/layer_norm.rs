@@ -46,8 +46,9 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS, NORM_DBIAS,
-    NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
+    layer_norm_bwd_shared_bytes, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams,
+    NORM_BIAS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE,
+    NORM_WRITE_STATS,
 };
 
 /// Layer norm or RMS norm.
@@ -424,14 +425,17 @@ struct BwdLaunch {
     plan: RowPlan<4, 4>,
     kernel: &'static str,
     grid: u32,
+    /// The in-register kernels' weight-gradient sums (`layer_norm_bwd_shared_bytes`).
+    shared_bytes: u32,
 }
 
 impl BwdLaunch {
     fn new(gpu: &Gpu, split: &Split<4, 4>, dtype: DataType, weight_grads: bool) -> Result<Self> {
-        // The backward also keeps f32 weight-gradient sums per value: 16 values.
+        // x and dy held as loaded, and the next row's loads in flight beside them: 8
+        // registers a thread and operand (16 values of a 16-bit type, 8 of f32).
         let budget = Budget {
-            max_values: 16,
-            packed: false,
+            max_values: 8,
+            packed: true,
             columns: false,
         };
         let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));
@@ -440,18 +444,29 @@ impl BwdLaunch {
         let kernel = bwd_kernel(plan.kernel, dtype).ok_or_else(|| {
             Error::unsupported(format!("layer norm backward on {dtype} tensors on the GPU"))
         })?;
+        let values = match plan.kernel {
+            RowKernel::Vectors { slots } => slots * (16 / dtype.size_bytes()) as u32,
+            RowKernel::Mapped { slots } => slots,
+            _ => 0,
+        };
+        let shared_bytes = layer_norm_bwd_shared_bytes(plan.block, values, weight_grads);
         let grid = if weight_grads {
             // Every block leaves a slot of partial sums: fill the GPU once, no more (the
             // streamed kernels, whose slots are long rows, twice per SM at most).
             let resident = match plan.kernel {
                 RowKernel::Streamed { .. } => 2,
-                _ => gpu.resident_blocks(kernel, plan.block, 0)?,
+                _ => gpu.resident_blocks(kernel, plan.block, shared_bytes)?,
             };
             plan.blocks.min(resident * gpu.sm_count.max(1))
         } else {
             plan.blocks
         };
-        Ok(Self { plan, kernel, grid })
+        Ok(Self {
+            plan,
+            kernel,
+            grid,
+            shared_bytes,
+        })
     }
 
     fn workspace_bytes(&self, weight_grads: bool) -> usize {
@@ -665,11 +680,16 @@ pub fn layer_norm_backward(
                 device_ptr(gpu, rstd)?,
                 ws,
             ];
+            let config = LaunchConfig {
+                shared_bytes: launch.shared_bytes,
+                ..plan.config(launch.grid)
+            };
             // SAFETY: every buffer holds its descriptor's span (checked above) and the maps
             // only produce offsets inside them; the `vec` kernels run only on dense,
             // vector-aligned rows; the workspace holds 2 * grid * row_len f32 whenever
-            // weight gradients are written (checked); null pointers are never read.
-            unsafe { gpu.launch(launch.kernel, plan.config(launch.grid), &p, &ptrs)? };
+            // weight gradients are written (checked), and the block its shared sums; null
+            // pointers are never read.
+            unsafe { gpu.launch(launch.kernel, config, &p, &ptrs)? };
             if !weight_grads {
                 return Ok(());
             }
