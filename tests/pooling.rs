@@ -650,7 +650,7 @@ fn gpu_every_kernel_matches_the_reference() {
             Layout,
             &'static str,
         );
-        let cases: [Case; 11] = [
+        let cases: [Case; 14] = [
             (
                 &[3, 3],
                 &[1, 1],
@@ -708,6 +708,32 @@ fn gpu_every_kernel_matches_the_reference() {
                 "pooling_fwd_window_",
             ),
             (&[4], &[1], &[3], &[3, 5, 23], first, "pooling_fwd_window_"),
+            // The other square windows the max cell kernels are compiled for (2x2 and 3x3
+            // at strides 1 and 2), one with a depth window of 1.
+            (
+                &[2, 2],
+                &[0, 0],
+                &[2, 2],
+                &[2, 3, 17, 19],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[2, 2],
+                &[1, 1],
+                &[1, 1],
+                &[2, 3, 11, 13],
+                first,
+                "pooling_fwd_window_",
+            ),
+            (
+                &[1, 3, 3],
+                &[0, 1, 1],
+                &[1, 2, 2],
+                &[2, 3, 3, 9, 10],
+                first,
+                "pooling_fwd_window_",
+            ),
             (
                 &[7, 7],
                 &[0, 0],
@@ -740,6 +766,16 @@ fn gpu_every_kernel_matches_the_reference() {
             let cell: usize = stride.iter().product();
             let global = window == &dims[2..] && padding.iter().all(|&p| p == 0);
             let volume: usize = window.iter().product();
+            // Square 2-D windows (any depth window of 1) of 2x2 or 3x3 at strides 1 or 2
+            // take the max cell kernel compiled for their shape.
+            let shaped_cell = match (window, stride) {
+                (&[.., 1, a, b], &[.., 1, s, t]) | (&[a, b], &[s, t])
+                    if a == b && s == t && (2..=3).contains(&a) && (1..=2).contains(&s) =>
+                {
+                    Some(format!("{a}x{a}s{s}"))
+                }
+                _ => None,
+            };
             for mode in PoolingMode::ALL {
                 let pool =
                     PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
@@ -785,6 +821,10 @@ fn gpu_every_kernel_matches_the_reference() {
                             let m = if mode.is_max() { "max" } else { "avg" };
                             let want = if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
+                            } else if let (PoolingBwdAlgo::Cell, "max", Some(shape)) =
+                                (algo, m, &shaped_cell)
+                            {
+                                format!("pooling_bwd_cell_max_{shape}_{dt}")
                             } else {
                                 format!("pooling_bwd_{family}_{m}_{dt}")
                             };
@@ -807,7 +847,7 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F32,
                 Layout::ChannelsFirst,
                 "pooling_fwd_window_f32",
-                "pooling_bwd_cell_max_f32",
+                "pooling_bwd_cell_max_3x3s2_f32",
             ),
             (
                 DataType::F16,

@@ -17,6 +17,9 @@
 //!   gathering over the windows that contain it.
 //! - `pooling_bwd_cell_*` (and `_vec_`): a thread per cell, the stride-sized block of dx
 //!   elements aligned to the window starts, visiting each window that overlaps it once.
+//! - `pooling_bwd_cell_max_<W>x<W>s<S>_*`: the max cell kernel compiled for square 2-D
+//!   windows of 2x2 or 3x3 at strides 1 or 2, a thread per two cells along w: all their
+//!   windows and the x region they cover loaded at once.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //!
@@ -35,7 +38,7 @@ use crate::device::{
 use crate::element::Element;
 use oxidnn_params::{
     PoolCoord, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
-    POOLING_MAX_CELL,
+    POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 const _: () = assert!(
@@ -783,6 +786,115 @@ unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
     })
 }
 
+/// `N` consecutive positions from `first` along a dim of `extent`, clamped into it, and
+/// whether each lies inside.
+#[inline(always)]
+fn clamped<const N: usize>(first: i32, extent: u32) -> ([u32; N], [bool; N]) {
+    let e = extent as i32;
+    (
+        core::array::from_fn(|i| (first + i as i32).max(0).min(e - 1) as u32),
+        core::array::from_fn(|i| (0..e).contains(&(first + i as i32))),
+    )
+}
+
+/// Max backward of square 2-D windows, `WIN x WIN` elements at strides `S x S` (the depth
+/// window 1 at stride 1), a thread per `C` consecutive cells along w of one channel.
+///
+/// `P = ceil(WIN / S)` windows per dim overlap a cell, so `P` rows and `PW = P + C - 1`
+/// columns of windows overlap the thread's cells, covering `R = (P - 1) * S + WIN` rows and
+/// `RW = (PW - 1) * S + WIN` columns of x. The thread loads that region once, and the
+/// windows' y and dy, all in flight together; then it finds each window's winner (its first
+/// in-bounds element in scan order equal to its y) in registers and adds the window's dy to
+/// the winner if it is one of its cells' elements. ([`bwd_cell`], for any window, visits
+/// the windows one after another: a round trip to memory each, four a cell for 3x3/s2.)
+///
+/// # Safety
+/// As `pooling_bwd_cell_max_*`, with `items` counting w in groups of `C` cells, and the
+/// window as above (`window = [1, WIN, WIN]`, `stride = [1, S, S]`, `pad[0] = 0`: checked
+/// by the host).
+#[inline(always)]
+unsafe fn bwd_cell_region<
+    T: Element,
+    const WIN: usize,
+    const S: usize,
+    const C: usize,
+    const P: usize,
+    const R: usize,
+    const PW: usize,
+    const RW: usize,
+>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const {
+        assert!(P == WIN.div_ceil(S) && R == (P - 1) * S + WIN && S <= WIN);
+        assert!(PW == P + C - 1 && RW == (PW - 1) * S + WIN);
+    };
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let [depth, cell_h, group] = s;
+        // The first window over the thread's cells, per dim; the region's rows and columns
+        // and the windows, clamped into x and y (a clamped element re-reads an edge one and
+        // never wins; a clamped window adds nothing).
+        let first = [
+            cell_h as i32 - (P as i32 - 1),
+            (group * C as u32) as i32 - (P as i32 - 1),
+        ];
+        let start = |k: usize| first[k] * S as i32 - w.pad[k + 1] as i32;
+        let (row, row_in) = clamped::<R>(start(0), w.input[1]);
+        let (col, col_in) = clamped::<RW>(start(1), w.input[2]);
+        let (window_row, window_row_in) = clamped::<P>(first[0], w.output[1]);
+        let (window_col, window_col_in) = clamped::<PW>(first[1], w.output[2]);
+        let x_base = row_offset(&p.x, n, c) + depth * p.x[2];
+        let xv: [[f32; RW]; R] = core::array::from_fn(|r| {
+            core::array::from_fn(|q| {
+                let at = x_base + row[r] * p.x[3] + col[q] * p.x[4];
+                load::<T, 1>(x.add(at as usize))[0]
+            })
+        });
+        let per_window = |t: *const T, strides: &[u32; 5]| -> [[f32; PW]; P] {
+            core::array::from_fn(|a| {
+                core::array::from_fn(|b| {
+                    let o = [depth, window_row[a], window_col[b]];
+                    let at = row_offset(strides, n, c) + spatial_offset(strides, o);
+                    load::<T, 1>(t.add(at as usize))[0]
+                })
+            })
+        };
+        let (yv, g) = (per_window(y, &p.y), per_window(dy, &p.dy));
+        // The cells' rows and columns in the region start at the last row and column of
+        // windows' start.
+        let cell_first = (P - 1) * S;
+        let mut acc = [[[0.0f32; S]; S]; C];
+        crate::unrolled!(a in P => crate::unrolled!(b in PW => {
+            let mut taken = !(window_row_in[a] & window_col_in[b]);
+            crate::unrolled!(r in WIN => crate::unrolled!(q in WIN => {
+                let (ur, uq) = (a * S + r, b * S + q);
+                let won = !taken & row_in[ur] & col_in[uq] & same_value(xv[ur][uq], yv[a][b]);
+                taken |= won;
+                let ours = (cell_first..cell_first + S).contains(&ur)
+                    && (cell_first..cell_first + C * S).contains(&uq);
+                if ours {
+                    let (j, e) = ((uq - cell_first) / S, (uq - cell_first) % S);
+                    acc[j][ur - cell_first][e] += if won { g[a][b] } else { 0.0 };
+                }
+            }))
+        }));
+        let dx_base = row_offset(&p.dx, n, c) + depth * p.dx[2];
+        crate::unrolled!(j in C => crate::unrolled!(r in S => crate::unrolled!(q in S => {
+            let (ur, uq) = (cell_first + r, cell_first + j * S + q);
+            if row_in[ur] & col_in[uq] {
+                let at = dx_base + row[ur] * p.dx[3] + col[uq] * p.dx[4];
+                store_blended::<T, 1>(w, dx.add(at as usize), [acc[j][r][q]]);
+            }
+        })));
+    })
+}
+
 /// Max backward through shared memory: a block takes a tile of cells of one image and run
 /// of channel vectors (see `PoolTile`). First every window overlapping the tile finds, once,
 /// the element that takes its gradient (its first element equal to its y), kept in shared
@@ -1038,3 +1150,32 @@ macro_rules! pooling_entry_points {
 }
 
 crate::for_each_dtype!(pooling_entry_points);
+
+/// The compile-time window shapes of `pooling_bwd_cell_max_<W>x<W>s<S>_*` ([`bwd_cell_region`]):
+/// window and stride; then, for `POOLING_REGION_CELLS = 2` cells a thread, the windows and
+/// the region's elements per dim, across (rows) and along (columns) the cells.
+macro_rules! cell_region_entry_points {
+    ($dt:ident, $T:ty) => {
+        cell_region_entry_points!(@each $dt, $T,
+            (2, 1, 2, 3, 3, 4) (2, 2, 1, 2, 2, 4) (3, 1, 3, 5, 4, 6) (3, 2, 2, 5, 3, 7));
+    };
+    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $p:literal, $r:literal,
+        $pw:literal, $rw:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_bwd_cell_max_*`, for 2-D windows of the size and stride in the
+            /// name (`window = [1, W, W]`, `stride = [1, S, S]`, `pad[0] = 0`), `items`
+            /// counting w in groups of `POOLING_REGION_CELLS` cells.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_max_ $win x $win s $s _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell_region::<$T, $win, $s, { POOLING_REGION_CELLS }, $p, $r, $pw, $rw>(
+                    &p, x, y, dy, dx,
+                )
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(cell_region_entry_points);

@@ -10,6 +10,10 @@ use crate::FastDivisor;
 /// Most dx elements one thread of a `pooling_bwd_cell_*` kernel owns.
 pub const POOLING_MAX_CELL: usize = 8;
 
+/// Consecutive cells along w one thread of a `pooling_bwd_cell_max_<W>x<W>s<S>_*` kernel
+/// takes (its `items` count w in groups of these).
+pub const POOLING_REGION_CELLS: usize = 2;
+
 /// Channels one thread of a `pooling_bwd_cell_vec_*` kernel takes (its accumulators are a
 /// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
 pub const POOLING_CELL_VECTOR: usize = 4;
