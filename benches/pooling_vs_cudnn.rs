@@ -95,7 +95,7 @@ struct Case {
     ties: bool,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 7] = [
     Case {
         name: "max3x3s2p1",
         mode: PoolingMode::Max,
@@ -130,6 +130,26 @@ const CASES: [Case; 5] = [
         padding: &[0, 0],
         stride: &[2, 2],
         dims: &[32, 256, 56, 56],
+        ties: false,
+    },
+    // VGG's pooling after its second block.
+    Case {
+        name: "max2x2s2",
+        mode: PoolingMode::Max,
+        window: &[2, 2],
+        padding: &[0, 0],
+        stride: &[2, 2],
+        dims: &[32, 128, 112, 112],
+        ties: false,
+    },
+    // GoogLeNet's inception 3a pooling branch.
+    Case {
+        name: "max3x3s1p1",
+        mode: PoolingMode::Max,
+        window: &[3, 3],
+        padding: &[1, 1],
+        stride: &[1, 1],
+        dims: &[32, 192, 28, 28],
         ties: false,
     },
     Case {

@@ -1,7 +1,7 @@
 //! Pooling: the descriptor's rules and the output-dim query; hand cases with exact values
 //! on every handle; the GPU against the f64 reference over drawn ranks, shapes, windows,
 //! paddings, strides, layouts, dtypes, modes, NaN options and alpha/beta, forward and
-//! backward; every kernel path (global, vectorised NHWC, cells, gather) by name; the global
+//! backward; every kernel path (global, vectorised NHWC, strips, cells, gather) by name; the global
 //! path against the general kernel; determinism; and bad inputs on every handle.
 
 mod common;
@@ -650,7 +650,7 @@ fn gpu_every_kernel_matches_the_reference() {
             Layout,
             &'static str,
         );
-        let cases: [Case; 14] = [
+        let cases: [Case; 20] = [
             (
                 &[3, 3],
                 &[1, 1],
@@ -734,6 +734,58 @@ fn gpu_every_kernel_matches_the_reference() {
                 first,
                 "pooling_fwd_window_",
             ),
+            // The forward strip kernels: rows of whole 16-byte vectors of every dtype (w a
+            // multiple of 8), odd and prime h, strips cut short at the row's end (w out
+            // 11, 7, 15), rows of y not aligned for a vector store (11 and 7 outputs),
+            // padding along h other than along w.
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 17, 24],
+                first,
+                "pooling_fwd_strip_3x3s2p1_",
+            ),
+            (
+                &[3, 3],
+                &[1, 0],
+                &[2, 2],
+                &[2, 3, 11, 24],
+                first,
+                "pooling_fwd_strip_3x3s2p0_",
+            ),
+            (
+                &[3, 3],
+                &[0, 1],
+                &[1, 1],
+                &[2, 3, 7, 16],
+                first,
+                "pooling_fwd_strip_3x3s1p1_",
+            ),
+            (
+                &[2, 2],
+                &[0, 0],
+                &[2, 2],
+                &[2, 3, 9, 16],
+                first,
+                "pooling_fwd_strip_2x2s2p0_",
+            ),
+            (
+                &[2, 2],
+                &[1, 0],
+                &[1, 1],
+                &[2, 3, 5, 8],
+                first,
+                "pooling_fwd_strip_2x2s1p0_",
+            ),
+            (
+                &[2, 2, 2],
+                &[1, 1, 0],
+                &[2, 2, 2],
+                &[2, 3, 5, 7, 16],
+                first,
+                "pooling_fwd_strip_2x2x2s2p0_",
+            ),
             (
                 &[7, 7],
                 &[0, 0],
@@ -766,16 +818,25 @@ fn gpu_every_kernel_matches_the_reference() {
             let cell: usize = stride.iter().product();
             let global = window == &dims[2..] && padding.iter().all(|&p| p == 0);
             let volume: usize = window.iter().product();
-            // Square 2-D windows (any depth window of 1) of 2x2 or 3x3 at strides 1 or 2
-            // take the max cell kernel compiled for their shape.
-            let shaped_cell = match (window, stride) {
-                (&[.., 1, a, b], &[.., 1, s, t]) | (&[a, b], &[s, t])
-                    if a == b && s == t && (2..=3).contains(&a) && (1..=2).contains(&s) =>
+            // Square 2-D windows (or a depth window of 1, unpadded) of the shapes the max
+            // cell kernels are compiled for take them: 2x2/s2, 2x2/s1 unpadded along w,
+            // 3x3/s2 unpadded or padded by 1 along w, 3x3/s1 padded by 1.
+            let compiled = [(2, 2, 0), (2, 1, 0), (3, 2, 0), (3, 2, 1), (3, 1, 1)];
+            let shaped_cell = match (window, stride, padding) {
+                (&[1, a, b], &[1, s, t], &[0, _, pw]) | (&[a, b], &[s, t], &[_, pw])
+                    if a == b && s == t && compiled.contains(&(a, s, pw)) =>
                 {
-                    Some(format!("{a}x{a}s{s}"))
+                    Some(format!("{a}x{a}s{s}p{pw}"))
                 }
                 _ => None,
             };
+            // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors of every dtype (w
+            // a multiple of 8, channels first) take the average strip kernel.
+            let avg_strip = window == [2, 2]
+                && stride == [2, 2]
+                && padding == [0, 0]
+                && layout == first
+                && dims[3] % 8 == 0;
             for mode in PoolingMode::ALL {
                 let pool =
                     PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
@@ -825,6 +886,8 @@ fn gpu_every_kernel_matches_the_reference() {
                                 (algo, m, &shaped_cell)
                             {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
+                            } else if algo == PoolingBwdAlgo::Cell && m == "avg" && avg_strip {
+                                format!("pooling_bwd_strip_avg_2x2s2_{dt}")
                             } else {
                                 format!("pooling_bwd_{family}_{m}_{dt}")
                             };
@@ -846,8 +909,8 @@ fn gpu_headline_shapes_take_the_fast_paths() {
             (
                 DataType::F32,
                 Layout::ChannelsFirst,
-                "pooling_fwd_window_f32",
-                "pooling_bwd_cell_max_3x3s2_f32",
+                "pooling_fwd_strip_3x3s2p1_f32",
+                "pooling_bwd_cell_max_3x3s2p1_f32",
             ),
             (
                 DataType::F16,

@@ -6,6 +6,9 @@
 //!   (consecutive threads on consecutive output w: NCHW) or channels-last (NHWC).
 //! - `pooling_fwd_window_vec_*`: channel-contiguous x and y: a thread per 16-byte vector of
 //!   channels of one output position.
+//! - `pooling_fwd_strip_<shape>_*`: compiled for common window shapes (2x2, 3x3, 2x2x2)
+//!   over x rows contiguous along w in 16-byte vectors (NCHW): a thread per strip of
+//!   consecutive outputs along w, its windows' rows loaded as vectors.
 //! - `pooling_fwd_global_*`: windows covering the whole spatial extent: a group of lanes,
 //!   or a block, per `(n, c)`.
 //! - `pooling_fwd_global_vec_*`: global over channel-contiguous x: a block per image and
@@ -17,9 +20,13 @@
 //!   gathering over the windows that contain it.
 //! - `pooling_bwd_cell_*` (and `_vec_`): a thread per cell, the stride-sized block of dx
 //!   elements aligned to the window starts, visiting each window that overlaps it once.
-//! - `pooling_bwd_cell_max_<W>x<W>s<S>_*`: the max cell kernel compiled for square 2-D
-//!   windows of 2x2 or 3x3 at strides 1 or 2, a thread per two cells along w: all their
-//!   windows and the x region they cover loaded at once.
+//! - `pooling_bwd_cell_max_<W>x<W>s<S>p<P>_*`: the max cell kernel compiled for square
+//!   2-D windows of 2x2 or 3x3 at strides 1 or 2 and their usual paddings along w, a thread
+//!   per two cells' rows and columns: all their windows and the x region they cover loaded
+//!   at once, dx stored as a vector a row.
+//! - `pooling_bwd_strip_avg_2x2s2_*`: the average backward of non-overlapping 2x2 windows
+//!   over dx rows contiguous along w in 16-byte vectors (NCHW): a thread per vector of
+//!   dx columns, its windows' dy read together, dx written as vectors.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //!
@@ -138,6 +145,17 @@ fn span(w: &PoolWindow, k: usize, o: u32) -> (u32, u32) {
         end as u32
     };
     (lo, hi)
+}
+
+/// `N` consecutive positions from `first` along a dim of `extent`, clamped into it, and
+/// whether each lies inside.
+#[inline(always)]
+fn clamped<const N: usize>(first: i32, extent: u32) -> ([u32; N], [bool; N]) {
+    let e = extent as i32;
+    (
+        core::array::from_fn(|i| (first + i as i32).max(0).min(e - 1) as u32),
+        core::array::from_fn(|i| (0..e).contains(&(first + i as i32))),
+    )
 }
 
 /// `1 / count` of the average over window `o`.
@@ -416,6 +434,96 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
     })
 }
 
+/// Forward of `WD x WIN x WIN` windows (depth x h x w) at strides `S` along h and w and
+/// padding `PAD` along w (any depth stride and any padding along d and h), over x whose
+/// rows are contiguous along w in whole 16-byte vectors of `V` elements: a thread per
+/// strip of `O = V / S` consecutive outputs along w.
+///
+/// The strip's windows cover, in each of their rows, the row's vector from `strip * V`
+/// with the `PAD` elements before it and the `WIN - S - PAD` after it (`RW` in all). The
+/// thread loads each row as that vector and a few single elements, every row in flight
+/// at once, and reduces its `O` windows in registers. ([`fwd_window`] loads every element
+/// of every window singly: `O` times as many loads, each thread with fewer bytes in
+/// flight.) Rows and columns past the edges are clamped (re-read an edge element) and
+/// masked, so the code has no branches until the stores: `O` outputs with one vector
+/// store where y's row allows it.
+///
+/// # Safety
+/// As `pooling_fwd_window_*`, with `items` counting w in strips of `O` outputs, the window
+/// as above (checked by the host), x 16-byte aligned with unit w stride, its other
+/// strides and w extent multiples of `V`. Then every strip's vector lies inside its row:
+/// it starts at `strip * V <= (output[2] - 1) * S <= input[2] + 2 * PAD - WIN`, below
+/// `input[2]` (`2 * PAD < WIN`), and both are multiples of `V`.
+#[inline(always)]
+unsafe fn fwd_strip<
+    T: Element,
+    const OP: u32,
+    const WD: usize,
+    const WIN: usize,
+    const S: usize,
+    const PAD: usize,
+    const V: usize,
+    const O: usize,
+    const RW: usize,
+>(
+    p: &PoolingFwdParams,
+    x: *const T,
+    y: *mut T,
+) {
+    const {
+        assert!(V * size_of::<T>() == 16 && O * S == V && WIN >= S + PAD && 2 * PAD < WIN);
+        assert!(RW == PAD + V + (WIN - S - PAD));
+        assert!(O * size_of::<T>() == 8 || O * size_of::<T>() == 16);
+    };
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let [od, oh, strip] = s;
+        let v0 = strip * V as u32;
+        let (depth, depth_in) = clamped::<WD>(window_start(w, 0, od), w.input[0]);
+        let (row, row_in) = clamped::<WIN>(window_start(w, 1, oh), w.input[1]);
+        let (col, col_in) = clamped::<RW>(v0 as i32 - PAD as i32, w.input[2]);
+        let x_base = row_offset(&p.x, n, c);
+        let xv: [[[f32; RW]; WIN]; WD] = core::array::from_fn(|a| {
+            core::array::from_fn(|r| {
+                let row_base = x_base + depth[a] * p.x[2] + row[r] * p.x[3];
+                let vector = load::<T, V>(x.add((row_base + v0) as usize));
+                core::array::from_fn(|q| match q.checked_sub(PAD) {
+                    Some(e) if e < V => vector[e],
+                    _ => load::<T, 1>(x.add((row_base + col[q]) as usize))[0],
+                })
+            })
+        });
+        let fill = identity::<OP>();
+        let mut acc = [fill; O];
+        crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
+            let row_inside = depth_in[a] & row_in[r];
+            crate::unrolled!(k in O => crate::unrolled!(e in WIN => {
+                let q = k * S + e;
+                let v = if row_inside & col_in[q] { xv[a][r][q] } else { fill };
+                acc[k] = combine::<OP>(acc[k], v);
+            }))
+        }));
+        let first = strip * O as u32;
+        if OP == AVG {
+            crate::unrolled!(k in O => acc[k] *= inverse_count(w, [od, oh, first + k as u32]));
+        }
+        let y_row = y.add((row_offset(&p.y, n, c) + od * p.y[2] + oh * p.y[3]) as usize);
+        let at = y_row.add((first * p.y[4]) as usize);
+        let whole = p.y[4] == 1 && first + O as u32 <= w.output[2];
+        if whole && (at as usize).is_multiple_of(O * size_of::<T>()) {
+            store_blended::<T, O>(w, at, acc);
+        } else {
+            crate::unrolled!(k in O => {
+                let ow = first + k as u32;
+                if ow < w.output[2] {
+                    store_blended::<T, 1>(w, y_row.add((ow * p.y[4]) as usize), [acc[k]]);
+                }
+            });
+        }
+    })
+}
+
 /// Writes output `(n, c)` of a global pooling from its reduced value.
 #[inline(always)]
 unsafe fn write_global<T: Element, const OP: u32>(
@@ -430,6 +538,9 @@ unsafe fn write_global<T: Element, const OP: u32>(
     T::store(yp, blend(p.alpha, v, p.beta, || T::load(yp)));
 }
 
+/// Elements one lane of `pooling_fwd_global_*` loads at once.
+const GLOBAL_LOADS: usize = oxidnn_params::POOLING_GLOBAL_LOADS;
+
 /// Reduces elements `first, first + step, ..` below `p.len` of the row at `base`.
 #[inline(always)]
 unsafe fn reduce_row<T: Element, const OP: u32>(
@@ -439,23 +550,22 @@ unsafe fn reduce_row<T: Element, const OP: u32>(
     first: u32,
     step: u32,
 ) -> f32 {
-    let mut acc = [identity::<OP>(); 4];
+    let mut acc = [identity::<OP>(); GLOBAL_LOADS];
     let mut r = first;
     while r < p.len {
-        // Four loads in flight (those past the end skipped), then their combination.
-        let mut v = [identity::<OP>(); 4];
-        crate::unroll!(j in [0, 1, 2, 3] {
+        // `GLOBAL_LOADS` loads in flight (those past the end skipped), then their
+        // combination.
+        let mut v = [identity::<OP>(); GLOBAL_LOADS];
+        crate::unrolled!(j in GLOBAL_LOADS => {
             let at = r + j as u32 * step;
             if at < p.len {
                 v[j] = T::load(x.add((base + at * p.red_stride) as usize));
             }
         });
-        for j in 0..4 {
-            acc[j] = combine::<OP>(acc[j], v[j]);
-        }
-        r += 4 * step;
+        crate::unrolled!(j in GLOBAL_LOADS => acc[j] = combine::<OP>(acc[j], v[j]));
+        r += GLOBAL_LOADS as u32 * step;
     }
-    combine::<OP>(combine::<OP>(acc[0], acc[1]), combine::<OP>(acc[2], acc[3]))
+    acc.into_iter().fold(identity::<OP>(), combine::<OP>)
 }
 
 /// Global pooling, `group` lanes per output (warp-uniform loop, so every shuffle has the
@@ -786,42 +896,41 @@ unsafe fn bwd_cell<T: Element, const K: usize, const OP: u32>(
     })
 }
 
-/// `N` consecutive positions from `first` along a dim of `extent`, clamped into it, and
-/// whether each lies inside.
-#[inline(always)]
-fn clamped<const N: usize>(first: i32, extent: u32) -> ([u32; N], [bool; N]) {
-    let e = extent as i32;
-    (
-        core::array::from_fn(|i| (first + i as i32).max(0).min(e - 1) as u32),
-        core::array::from_fn(|i| (0..e).contains(&(first + i as i32))),
-    )
-}
-
-/// Max backward of square 2-D windows, `WIN x WIN` elements at strides `S x S` (the depth
-/// window 1 at stride 1), a thread per `C` consecutive cells along w of one channel.
+/// Max backward of square 2-D windows, `WIN x WIN` elements at strides `S x S`, padded by
+/// `PAD` along w (any padding along h; the depth window 1 at stride 1): a thread per `S`
+/// rows (a row of cells) and `RUN = C * S` columns of dx, the columns from a multiple of
+/// `RUN`.
 ///
-/// `P = ceil(WIN / S)` windows per dim overlap a cell, so `P` rows and `PW = P + C - 1`
-/// columns of windows overlap the thread's cells, covering `R = (P - 1) * S + WIN` rows and
-/// `RW = (PW - 1) * S + WIN` columns of x. The thread loads that region once, and the
-/// windows' y and dy, all in flight together; then it finds each window's winner (its first
-/// in-bounds element in scan order equal to its y) in registers and adds the window's dy to
-/// the winner if it is one of its cells' elements. ([`bwd_cell`], for any window, visits
-/// the windows one after another: a round trip to memory each, four a cell for 3x3/s2.)
+/// Along h, `P = ceil(WIN / S)` rows of windows overlap the cells' rows, covering
+/// `R = (P - 1) * S + WIN` rows of x. Along w, the `PW` windows from `K0 = (WIN - 1 - PAD) /
+/// S` before the thread's first cell's overlap its columns, covering `RW = (PW - 1) * S +
+/// WIN` columns of x, the thread's own from `OFF = K0 * S + PAD`. The thread loads that
+/// region once, and the windows' y and dy, all in flight together; then it finds each
+/// window's winner (its first in-bounds element in scan order equal to its y) in registers
+/// and adds the window's dy to the winner if it is one of its elements. ([`bwd_cell`], for
+/// any window, visits the windows one after another: a round trip to memory each, four a
+/// cell for 3x3/s2.) Each of its `S` rows of dx is one vector store where dx allows it:
+/// consecutive threads then store consecutive runs, whole sectors a warp instruction
+/// (single elements 8 or 16 bytes apart fill a quarter or half of each sector an
+/// instruction, and run at about half the speed).
 ///
 /// # Safety
-/// As `pooling_bwd_cell_max_*`, with `items` counting w in groups of `C` cells, and the
-/// window as above (`window = [1, WIN, WIN]`, `stride = [1, S, S]`, `pad[0] = 0`: checked
-/// by the host).
+/// As `pooling_bwd_cell_max_*`, with `items` counting h in cells and w in runs of `RUN`
+/// columns, and the window as above (`window = [1, WIN, WIN]`, `stride = [1, S, S]`,
+/// `pad[0] = 0`, `pad[2] = PAD`: checked by the host).
 #[inline(always)]
 unsafe fn bwd_cell_region<
     T: Element,
     const WIN: usize,
     const S: usize,
+    const PAD: usize,
     const C: usize,
     const P: usize,
     const R: usize,
+    const K0: usize,
     const PW: usize,
     const RW: usize,
+    const RUN: usize,
 >(
     p: &PoolingBwdParams,
     x: *const T,
@@ -830,23 +939,29 @@ unsafe fn bwd_cell_region<
     dx: *mut T,
 ) {
     const {
-        assert!(P == WIN.div_ceil(S) && R == (P - 1) * S + WIN && S <= WIN);
-        assert!(PW == P + C - 1 && RW == (PW - 1) * S + WIN);
+        assert!(P == WIN.div_ceil(S) && R == (P - 1) * S + WIN && S <= WIN && PAD < WIN);
+        assert!(RUN == C * S && K0 == (WIN - 1 - PAD) / S);
+        assert!(PW == K0 + (RUN - 1 + PAD) / S + 1 && RW == (PW - 1) * S + WIN);
     };
+    // The thread's first column in the region.
+    let off = K0 * S + PAD;
     let w = &p.win;
     grid_stride(p.items.len as u64, |i| {
         let PoolCoord { n, c, s } = p.items.at(i as u32);
-        let [depth, cell_h, group] = s;
-        // The first window over the thread's cells, per dim; the region's rows and columns
-        // and the windows, clamped into x and y (a clamped element re-reads an edge one and
-        // never wins; a clamped window adds nothing).
+        let [depth, cell_h, run] = s;
+        // The first window over the thread's elements, per dim; the region's rows and
+        // columns and the windows, clamped into x and y (a clamped element re-reads an
+        // edge one and never wins; a clamped window adds nothing).
         let first = [
             cell_h as i32 - (P as i32 - 1),
-            (group * C as u32) as i32 - (P as i32 - 1),
+            (run * C as u32) as i32 - K0 as i32,
         ];
-        let start = |k: usize| first[k] * S as i32 - w.pad[k + 1] as i32;
-        let (row, row_in) = clamped::<R>(start(0), w.input[1]);
-        let (col, col_in) = clamped::<RW>(start(1), w.input[2]);
+        let starts = [
+            first[0] * S as i32 - w.pad[1] as i32,
+            first[1] * S as i32 - PAD as i32,
+        ];
+        let (row, row_in) = clamped::<R>(starts[0], w.input[1]);
+        let (col, col_in) = clamped::<RW>(starts[1], w.input[2]);
         let (window_row, window_row_in) = clamped::<P>(first[0], w.output[1]);
         let (window_col, window_col_in) = clamped::<PW>(first[1], w.output[2]);
         let x_base = row_offset(&p.x, n, c) + depth * p.x[2];
@@ -866,32 +981,94 @@ unsafe fn bwd_cell_region<
             })
         };
         let (yv, g) = (per_window(y, &p.y), per_window(dy, &p.dy));
-        // The cells' rows and columns in the region start at the last row and column of
-        // windows' start.
-        let cell_first = (P - 1) * S;
-        let mut acc = [[[0.0f32; S]; S]; C];
+        // The cells' rows in the region start at the last row of windows' start.
+        let row_first = (P - 1) * S;
+        let mut acc = [[0.0f32; RUN]; S];
         crate::unrolled!(a in P => crate::unrolled!(b in PW => {
             let mut taken = !(window_row_in[a] & window_col_in[b]);
             crate::unrolled!(r in WIN => crate::unrolled!(q in WIN => {
                 let (ur, uq) = (a * S + r, b * S + q);
                 let won = !taken & row_in[ur] & col_in[uq] & same_value(xv[ur][uq], yv[a][b]);
                 taken |= won;
-                let ours = (cell_first..cell_first + S).contains(&ur)
-                    && (cell_first..cell_first + C * S).contains(&uq);
+                let ours = (row_first..row_first + S).contains(&ur)
+                    && (off..off + RUN).contains(&uq);
                 if ours {
-                    let (j, e) = ((uq - cell_first) / S, (uq - cell_first) % S);
-                    acc[j][ur - cell_first][e] += if won { g[a][b] } else { 0.0 };
+                    acc[ur - row_first][uq - off] += if won { g[a][b] } else { 0.0 };
                 }
             }))
         }));
+        // Each row: one vector store where the run is contiguous, inside x and aligned,
+        // single elements otherwise.
         let dx_base = row_offset(&p.dx, n, c) + depth * p.dx[2];
-        crate::unrolled!(j in C => crate::unrolled!(r in S => crate::unrolled!(q in S => {
-            let (ur, uq) = (cell_first + r, cell_first + j * S + q);
-            if row_in[ur] & col_in[uq] {
-                let at = dx_base + row[ur] * p.dx[3] + col[uq] * p.dx[4];
-                store_blended::<T, 1>(w, dx.add(at as usize), [acc[j][r][q]]);
+        let vector_bytes = RUN * size_of::<T>();
+        let vectors = (8..=16).contains(&vector_bytes) && p.dx[4] == 1;
+        crate::unrolled!(r in S => {
+            let ur = row_first + r;
+            let row_at = dx_base + row[ur] * p.dx[3];
+            let first = dx.add((row_at + col[off] * p.dx[4]) as usize);
+            let mut run_in = row_in[ur];
+            crate::unrolled!(q in RUN => run_in &= col_in[off + q]);
+            if vectors && run_in && (first as usize).is_multiple_of(vector_bytes) {
+                store_blended::<T, RUN>(w, first, acc[r]);
+            } else {
+                crate::unrolled!(q in RUN => {
+                    if row_in[ur] & col_in[off + q] {
+                        let at = row_at + col[off + q] * p.dx[4];
+                        store_blended::<T, 1>(w, dx.add(at as usize), [acc[r][q]]);
+                    }
+                });
             }
-        })));
+        });
+    })
+}
+
+/// Average backward of non-overlapping, unpadded 2-D windows, `S x S` at stride `S` (the
+/// depth window 1 at stride 1), over dx whose rows are contiguous along w in whole 16-byte
+/// vectors of `V` elements: a thread per vector of dx columns and row of windows, which
+/// reads the `O = V / S` dy of the windows over its columns together and writes the `S`
+/// vectors under them. Consecutive threads write consecutive vectors, so a warp's stores
+/// fill whole sectors. dx elements under no window (the last rows and columns where the
+/// window does not divide the input) take a zero gradient. ([`bwd_cell`] reads one dy a
+/// thread and writes single elements.)
+///
+/// # Safety
+/// As `pooling_bwd_cell_avg_*`, with `items` counting w in strips of `O` cells, the window
+/// as above (`pad = [0, 0, 0]`; checked by the host), and dx 16-byte aligned with unit w
+/// stride, its other strides and w extent multiples of `V` (so a strip's vector, which
+/// starts inside its row, ends inside it).
+#[inline(always)]
+unsafe fn bwd_strip_avg<T: Element, const S: usize, const V: usize, const O: usize>(
+    p: &PoolingBwdParams,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const { assert!(V * size_of::<T>() == 16 && O * S == V) };
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let [depth, cell_h, strip] = s;
+        // The strip's windows, clamped into dy (a clamped one gives no gradient).
+        let (ow, ow_in) = clamped::<O>((strip * O as u32) as i32, w.output[2]);
+        let row_in = cell_h < w.output[1];
+        let oh = cell_h.min(w.output[1] - 1);
+        let dy_row = row_offset(&p.dy, n, c) + depth * p.dy[2] + oh * p.dy[3];
+        let grad: [f32; O] = core::array::from_fn(|k| {
+            let g = load::<T, 1>(dy.add((dy_row + ow[k] * p.dy[4]) as usize))[0];
+            if row_in & ow_in[k] {
+                g * w.inv_volume
+            } else {
+                0.0
+            }
+        });
+        let values = core::array::from_fn(|e| grad[e / S]);
+        let dx_base = row_offset(&p.dx, n, c) + depth * p.dx[2] + strip * V as u32;
+        crate::unrolled!(r in S => {
+            let ih = cell_h * S as u32 + r as u32;
+            if ih < w.input[1] {
+                let at = dx_base + ih * p.dx[3];
+                store_blended::<T, V>(w, dx.add(at as usize), values);
+            }
+        });
     })
 }
 
@@ -1151,26 +1328,31 @@ macro_rules! pooling_entry_points {
 
 crate::for_each_dtype!(pooling_entry_points);
 
-/// The compile-time window shapes of `pooling_bwd_cell_max_<W>x<W>s<S>_*` ([`bwd_cell_region`]):
-/// window and stride; then, for `POOLING_REGION_CELLS = 2` cells a thread, the windows and
-/// the region's elements per dim, across (rows) and along (columns) the cells.
+/// The compile-time window shapes of `pooling_bwd_cell_max_<W>x<W>s<S>p<P>_*`
+/// ([`bwd_cell_region`]): window, stride and padding along w; then, for
+/// `POOLING_REGION_CELLS = 2` cells a thread, the windows and the region's elements across
+/// the cells' rows, the windows before the first cell, and the windows and the region's
+/// elements along the cells' columns.
 macro_rules! cell_region_entry_points {
     ($dt:ident, $T:ty) => {
         cell_region_entry_points!(@each $dt, $T,
-            (2, 1, 2, 3, 3, 4) (2, 2, 1, 2, 2, 4) (3, 1, 3, 5, 4, 6) (3, 2, 2, 5, 3, 7));
+            (2, 2, 0, 1, 2, 0, 2, 4) (2, 1, 0, 2, 3, 1, 3, 4) (3, 2, 0, 2, 5, 1, 3, 7)
+            (3, 2, 1, 2, 5, 0, 3, 7) (3, 1, 1, 3, 5, 1, 4, 6));
     };
-    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $p:literal, $r:literal,
-        $pw:literal, $rw:literal))*) => {
+    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $pad:literal, $p:literal,
+        $r:literal, $k0:literal, $pw:literal, $rw:literal))*) => {
         paste::paste! { $(
             /// # Safety
-            /// As `pooling_bwd_cell_max_*`, for 2-D windows of the size and stride in the
-            /// name (`window = [1, W, W]`, `stride = [1, S, S]`, `pad[0] = 0`), `items`
-            /// counting w in groups of `POOLING_REGION_CELLS` cells.
+            /// As `pooling_bwd_cell_max_*`, for 2-D windows of the size, stride and w
+            /// padding in the name (`window = [1, W, W]`, `stride = [1, S, S]`, `pad[0] =
+            /// 0`, `pad[2] = P`), `items` counting h in cells and w in runs of
+            /// `POOLING_REGION_CELLS * S` columns.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_max_ $win x $win s $s _ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_max_ $win x $win s $s p $pad _ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                bwd_cell_region::<$T, $win, $s, { POOLING_REGION_CELLS }, $p, $r, $pw, $rw>(
+                const C: usize = POOLING_REGION_CELLS;
+                bwd_cell_region::<$T, $win, $s, $pad, C, $p, $r, $k0, $pw, $rw, { C * $s }>(
                     &p, x, y, dy, dx,
                 )
             }
@@ -1179,3 +1361,64 @@ macro_rules! cell_region_entry_points {
 }
 
 crate::for_each_dtype!(cell_region_entry_points);
+
+/// The compile-time window shapes of `pooling_fwd_strip_<shape>_*` ([`fwd_strip`]): the name,
+/// then the depth window, the (square) window along h and w, its stride, the padding
+/// along w.
+macro_rules! strip_entry_points {
+    ($dt:ident, $T:ty) => {
+        strip_entry_points!(@each $dt, $T,
+            [2 x 2 s 2 p 0] (1, 2, 2, 0) [2 x 2 s 1 p 0] (1, 2, 1, 0)
+            [3 x 3 s 2 p 0] (1, 3, 2, 0) [3 x 3 s 2 p 1] (1, 3, 2, 1)
+            [3 x 3 s 1 p 1] (1, 3, 1, 1) [2 x 2 x 2 s 2 p 0] (2, 2, 2, 0));
+    };
+    (@each $dt:ident, $T:ty, $([$($name:tt)*] ($wd:literal, $win:literal, $s:literal,
+        $pad:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_fwd_window_*`, for windows of the shape in the name (depth x h x
+            /// w, the stride along h and w, the padding along w); `items` counting w in
+            /// strips of `16 / size / stride` outputs; x 16-byte aligned with unit w
+            /// stride, its other strides and w extent multiples of `16 / size`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_strip_ $($name)* _ $dt>](
+                p: PoolingFwdParams, x: *const $T, y: *mut $T,
+            ) {
+                const V: usize = 16 / size_of::<$T>();
+                with_op!(p.win.kind, p.win.propagate_nan, |OP| {
+                    fwd_strip::<$T, OP, $wd, $win, $s, $pad, V, { V / $s }, { V + $win - $s }>(
+                        &p, x, y,
+                    )
+                })
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(strip_entry_points);
+
+/// The compile-time window sizes of `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`]):
+/// 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: its windows take the gather).
+macro_rules! strip_avg_entry_points {
+    ($dt:ident, $T:ty) => {
+        strip_avg_entry_points!(@each $dt, $T, 2);
+    };
+    (@each $dt:ident, $T:ty, $($s:literal)*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_bwd_cell_avg_*`, for unpadded 2-D windows of the size in the
+            /// name at a stride of that size (`window = stride = [1, S, S]`, `pad = [0, 0,
+            /// 0]`); `items` counting w in strips of `16 / size / S` cells; dx 16-byte aligned
+            /// with unit w stride, its other strides and w extent multiples of `16 / size`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_strip_avg_ $s x $s s $s _ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                const V: usize = 16 / size_of::<$T>();
+                bwd_strip_avg::<$T, $s, V, { V / $s }>(&p, dy, dx)
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(strip_avg_entry_points);

@@ -62,7 +62,8 @@ pub use matmul::{
 pub use philox::philox4x32_10;
 pub use pooling::{
     PoolCoord, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, POOLING_CELL_VECTOR, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    PoolingGlobalParams, PoolingKind, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS, POOLING_MAX_CELL,
+    POOLING_REGION_CELLS,
 };
 pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};

@@ -14,6 +14,10 @@ pub const POOLING_MAX_CELL: usize = 8;
 /// takes (its `items` count w in groups of these).
 pub const POOLING_REGION_CELLS: usize = 2;
 
+/// Elements each lane of a `pooling_fwd_global_*` kernel loads at once (the host sizes its
+/// lane groups by them).
+pub const POOLING_GLOBAL_LOADS: usize = 8;
+
 /// Channels one thread of a `pooling_bwd_cell_vec_*` kernel takes (its accumulators are a
 /// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
 pub const POOLING_CELL_VECTOR: usize = 4;

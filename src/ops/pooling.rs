@@ -21,12 +21,15 @@
 //!
 //! The GPU computes in f32 for every storage type. Forward: a thread per output (threads
 //! along the output's w for NCHW); channel-contiguous tensors (NHWC) move 16-byte vectors
-//! of channels; a window that covers the whole spatial extent without padding (global
+//! of channels; rows contiguous along w (NCHW) take, for the common window shapes (2x2,
+//! 3x3, 2x2x2), a thread per strip of outputs along w that loads its windows' rows as
+//! 16-byte vectors; a window that covers the whole spatial extent without padding (global
 //! pooling) runs a dedicated reduction per `(n, c)`. Backward, without atomics: each dx
 //! element is written by one thread, as a gather over the windows containing it, per cell
 //! (the stride-sized block of elements at a window start, each overlapping window visited
-//! once) or, for max over channel vectors, per tile of cells whose windows' winners are
-//! found once into shared memory.
+//! once; over NCHW rows, the common shapes have cell kernels of their own that load their
+//! windows at once or write dx as vectors) or, for max over channel vectors, per tile of
+//! cells whose windows' winners are found once into shared memory.
 //!
 //! ```
 //! use oxidnn::*;
@@ -55,8 +58,8 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
     FastDivisor, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_MAX_CELL,
-    POOLING_REGION_CELLS,
+    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
+    POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -653,6 +656,15 @@ fn channel_vectors(c: usize, k: usize, operands: &[[u32; 5]]) -> bool {
             .all(|s| s[1] == 1 && [0, 2, 3, 4].iter().all(|&d| s[d].is_multiple_of(k as u32)))
 }
 
+/// Whether a tensor with these strides and `width` elements along w keeps its rows
+/// contiguous along w in whole vectors of `v` elements: unit w stride, the width and every
+/// other stride multiples of `v` (the base's alignment is the caller's to check).
+fn rows_of_vectors(strides: &[u32; 5], width: usize, v: usize) -> bool {
+    strides[4] == 1
+        && width.is_multiple_of(v)
+        && strides[..4].iter().all(|s| s.is_multiple_of(v as u32))
+}
+
 /// Whether items over a tensor with these strides should count channels innermost: its
 /// channel stride is below every spatial stride.
 pub(crate) fn channels_last(strides: &[u32; 5]) -> bool {
@@ -728,18 +740,63 @@ fn forward_plan(
         }
     }
     let vec = aligned && channel_vectors(g.c, k, &[xs, ys]);
-    let (c, kernel) = if vec {
-        (g.c / k, kernels::pooling_fwd_window_vec(dtype))
+    let strip = if vec {
+        None
     } else {
-        (g.c, kernels::pooling_fwd_window(dtype))
+        strip_kernel(g, dtype, &xs, aligned)
     };
     let [d, h, w] = g.output;
-    let it = items([g.n, c, d, h, w], vec || channels_last(&ys))?;
+    let (kernel, it) = match strip {
+        Some((kernel, outputs)) => {
+            let it = items([g.n, g.c, d, h, w.div_ceil(outputs)], false)?;
+            (Some(kernel), it)
+        }
+        None if vec => {
+            let it = items([g.n, g.c / k, d, h, w], true)?;
+            (kernels::pooling_fwd_window_vec(dtype), it)
+        }
+        None => {
+            let it = items([g.n, g.c, d, h, w], channels_last(&ys))?;
+            (kernels::pooling_fwd_window(dtype), it)
+        }
+    };
     Ok(ForwardPlan {
         kernel: kernel.ok_or_else(missing)?,
         cfg: grid_stride_config(it.len as u64, sm_count)?,
         how: ForwardKernel::Window(it),
     })
+}
+
+/// The forward strip kernel compiled for this window, if there is one, and the outputs
+/// along w each of its threads takes: x's rows contiguous along w in whole 16-byte vectors
+/// (unit w stride, the w extent and every other stride multiples of the vector, aligned),
+/// and windows of 2x2 (strides 1 or 2), 3x3 (stride 2 unpadded or padded by 1 along w,
+/// stride 1 padded by 1), or 2x2x2 at stride 2 unpadded along w (the depth window 1 for
+/// the 2-D shapes; any depth stride and any padding along d and h). A thread loads its
+/// windows' rows as one vector and a few single elements each (`fwd_strip`), where the
+/// window kernel loads every element of every window singly.
+fn strip_kernel(
+    g: &Geometry,
+    dtype: DataType,
+    xs: &[u32; 5],
+    aligned: bool,
+) -> Option<(&'static str, usize)> {
+    let v = 16 / dtype.size_bytes();
+    let rows_of_vectors = aligned && rows_of_vectors(xs, g.input[2], v);
+    let square = g.window[1] == g.window[2] && g.stride[1] == g.stride[2];
+    if !rows_of_vectors || !square {
+        return None;
+    }
+    let kernel = match (g.window[0], g.window[2], g.stride[2], g.pad[2]) {
+        (1, 2, 2, 0) => kernels::pooling_fwd_strip_2x2s2p0(dtype),
+        (1, 2, 1, 0) => kernels::pooling_fwd_strip_2x2s1p0(dtype),
+        (1, 3, 2, 0) => kernels::pooling_fwd_strip_3x3s2p0(dtype),
+        (1, 3, 2, 1) => kernels::pooling_fwd_strip_3x3s2p1(dtype),
+        (1, 3, 1, 1) => kernels::pooling_fwd_strip_3x3s1p1(dtype),
+        (2, 2, 2, 0) => kernels::pooling_fwd_strip_2x2x2s2p0(dtype),
+        _ => None,
+    }?;
+    Some((kernel, v / g.stride[2]))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -806,15 +863,19 @@ fn global_plan(
             how: ForwardKernel::Global(p),
         });
     }
-    // About four elements per lane; a block per output for long reductions that leave
-    // the GPU short of warps.
+    // About POOLING_GLOBAL_LOADS elements per lane (one round trip: on 7x7, a quarter
+    // of a warp per output); a block per output for long reductions that leave the GPU
+    // short of warps.
     let resident_warps = 64 * sm_count as usize;
     let cfg = if len >= 4096 && outputs < resident_warps {
         p.group = BLOCK_THREADS;
         let blocks = outputs.min(32 * sm_count as usize) as u64;
         LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?
     } else {
-        p.group = len.div_ceil(4).next_power_of_two().clamp(1, 32) as u32;
+        p.group = len
+            .div_ceil(POOLING_GLOBAL_LOADS)
+            .next_power_of_two()
+            .clamp(1, 32) as u32;
         let warps = (outputs as u64).div_ceil(32 / p.group as u64);
         grid_stride_config(warps * 32, sm_count)?
     };
@@ -844,7 +905,9 @@ fn launch_forward(
             // SAFETY: x and y hold their descriptors' spans (checked by the caller); the
             // items cover y's dims and every window stays inside x's dims, so each offset
             // is inside its buffer; y's offsets are distinct (check_output). The vector
-            // kernel runs only on channel-contiguous, 16-byte aligned operands.
+            // kernel runs only on channel-contiguous, 16-byte aligned operands, the strip
+            // kernels only on x rows of whole aligned vectors and their window shapes
+            // (strip_kernel); their items count strips.
             unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
         }
         ForwardKernel::Global(mut p) => {
@@ -879,23 +942,54 @@ fn windows_per_cell(g: &Geometry) -> [usize; 3] {
     std::array::from_fn(|k| g.window[k].div_ceil(g.stride[k]))
 }
 
-/// The max backward cell kernel compiled for this window shape, if there is one: square
-/// 2-D windows of 2x2 or 3x3 at strides 1 or 2 (the depth window 1, unpadded), whose
-/// thread loads all the windows over its `POOLING_REGION_CELLS` cells at once
+/// The max backward cell kernel compiled for this window shape, if there is one, and the
+/// dx columns each of its threads takes: square 2-D windows of 2x2 (stride 2, or stride 1
+/// unpadded along w) or 3x3 (stride 2 unpadded or padded by 1 along w, stride 1 padded by
+/// 1), the depth window 1 unpadded, any padding along h. Its thread loads all the windows
+/// over `POOLING_REGION_CELLS` cells' rows and a run of as many cells' columns at once
 /// (`bwd_cell_region`: one round trip to memory, where the generic cell kernel takes one a
-/// window).
-fn cell_region_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
+/// window) and stores each row of the run as a vector where dx allows.
+fn cell_region_kernel(g: &Geometry, dtype: DataType) -> Option<(&'static str, usize)> {
     let square = g.window[1] == g.window[2] && g.stride[1] == g.stride[2];
     if !square || g.window[0] != 1 || g.stride[0] != 1 || g.pad[0] != 0 {
         return None;
     }
-    match (g.window[2], g.stride[2]) {
-        (2, 1) => kernels::pooling_bwd_cell_max_2x2s1(dtype),
-        (2, 2) => kernels::pooling_bwd_cell_max_2x2s2(dtype),
-        (3, 1) => kernels::pooling_bwd_cell_max_3x3s1(dtype),
-        (3, 2) => kernels::pooling_bwd_cell_max_3x3s2(dtype),
+    let kernel = match (g.window[2], g.stride[2], g.pad[2]) {
+        (2, 2, 0) => kernels::pooling_bwd_cell_max_2x2s2p0(dtype),
+        (2, 1, 0) => kernels::pooling_bwd_cell_max_2x2s1p0(dtype),
+        (3, 2, 0) => kernels::pooling_bwd_cell_max_3x3s2p0(dtype),
+        (3, 2, 1) => kernels::pooling_bwd_cell_max_3x3s2p1(dtype),
+        (3, 1, 1) => kernels::pooling_bwd_cell_max_3x3s1p1(dtype),
         _ => None,
+    }?;
+    Some((kernel, POOLING_REGION_CELLS * g.stride[2]))
+}
+
+/// The average backward strip kernel compiled for this window, if there is one, and the
+/// dx columns each of its threads takes: unpadded non-overlapping 2-D windows of 2x2
+/// (the depth window 1 at stride 1; larger ones have cells of more than `POOLING_MAX_CELL`
+/// elements and take the gather) over dx rows contiguous along w in whole 16-byte vectors
+/// (unit w stride, the w extent and every other stride multiples of the vector, aligned).
+/// A thread reads the dy over a vector of dx columns together and writes the vectors under
+/// them (`bwd_strip_avg`), where the cell kernel reads one dy and writes single elements.
+fn avg_strip_kernel(
+    g: &Geometry,
+    dtype: DataType,
+    dxs: &[u32; 5],
+    aligned: bool,
+) -> Option<(&'static str, usize)> {
+    let v = 16 / dtype.size_bytes();
+    let rows_of_vectors = aligned && rows_of_vectors(dxs, g.input[2], v);
+    let s = g.window[2];
+    let disjoint = g.window == [1, s, s] && g.stride == [1, s, s] && g.pad == [0; 3];
+    if !rows_of_vectors || !disjoint {
+        return None;
     }
+    let kernel = match s {
+        2 => kernels::pooling_bwd_strip_avg_2x2s2(dtype),
+        _ => None,
+    }?;
+    Some((kernel, v))
 }
 
 /// Cells per dim: cells tile the input from the first window's start, so the last input
@@ -910,10 +1004,11 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// elements) and not global: over channel vectors, shared-memory tiles (each window scanned
 /// once for all the cells it overlaps: 1.4x faster than cells on 3x3/s2 f16 NHWC); over
 /// single channels, a thread per cell where cells are small (a few percent faster than the
-/// tiles, which amortise less over one channel; 2.7x for the square 2-D windows with cell
-/// kernels of their own: 197 against 531 µs on 3x3/s2 f32 NCHW), tiles otherwise. Global pooling and larger
-/// windows: the gather. Average: the gather over channel vectors and where a cell is one
-/// element (global pooling); cells otherwise (2x faster than the gather on 2x2/s2 NCHW).
+/// tiles, which amortise less over one channel; 3.7x for the square 2-D windows with cell
+/// kernels of their own: 142 against 531 µs on 3x3/s2 f32 NCHW), tiles otherwise. Global
+/// pooling and larger windows: the gather. Average: the gather over channel vectors and
+/// where a cell is one element (global pooling); cells otherwise (2x faster than the
+/// gather on 2x2/s2 NCHW, 4x with the strip kernel: 51 against 203 µs in f32).
 fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
     let cell = cell_len(g);
     if pooling.mode.is_max() {
@@ -1022,15 +1117,19 @@ fn backward_plan(
     let vec = vectors(k);
     let c = if vec { g.c / k } else { g.c };
     use PoolingBwdAlgo::{Cell, Gather, Tile};
-    let region = (algo == Cell && max && !vec)
-        .then(|| cell_region_kernel(g, dtype))
-        .flatten();
+    // Kernels compiled for a window shape, with the dx columns each thread takes.
+    let shaped = match (algo, vec, max) {
+        (Cell, false, true) => cell_region_kernel(g, dtype),
+        (Cell, false, false) => avg_strip_kernel(g, dtype, &strides[3], aligned),
+        _ => None,
+    };
     let kernel = match (algo, vec, max) {
         (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
         (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
         (Cell, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
         (Cell, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
-        (Cell, false, true) => region.or_else(|| kernels::pooling_bwd_cell_max(dtype)),
+        (Cell, false, _) if shaped.is_some() => shaped.map(|(k, _)| k),
+        (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
         (Cell, false, false) => kernels::pooling_bwd_cell_avg(dtype),
         (Gather, true, true) => kernels::pooling_bwd_gather_vec_max(dtype),
         (Gather, true, false) => kernels::pooling_bwd_gather_vec_avg(dtype),
@@ -1058,13 +1157,12 @@ fn backward_plan(
             cfg,
         });
     }
-    let [d, h, w] = match algo {
-        // The shaped cell kernels take POOLING_REGION_CELLS cells along w a thread.
-        Cell if region.is_some() => {
-            let [d, h, w] = cells(g);
-            [d, h, w.div_ceil(POOLING_REGION_CELLS)]
+    let [d, h, w] = match (algo, shaped) {
+        (Cell, Some((_, columns))) => {
+            let [d, h, _] = cells(g);
+            [d, h, g.input[2].div_ceil(columns)]
         }
-        Cell => cells(g),
+        (Cell, None) => cells(g),
         _ => g.input,
     };
     let items = items([g.n, c, d, h, w], vec || channels_last(&strides[3]))?;
@@ -1117,6 +1215,8 @@ fn launch_backward(
     // dims before any access), windows stay inside y's and dy's dims and their elements
     // inside x's, so every offset is inside its buffer; dx's offsets are distinct
     // (check_output) and each is written by one thread. The vector kernels run only on
-    // channel-contiguous, 16-byte aligned operands.
+    // channel-contiguous, 16-byte aligned operands; the shaped cell kernels only on their
+    // window shapes, with dx vector stores only where dx allows them (checked in the
+    // kernel, or by avg_strip_kernel for the average strips).
     unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
 }
