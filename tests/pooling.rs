@@ -1,8 +1,9 @@
 //! Pooling: the descriptor's rules and the output-dim query; hand cases with exact values
 //! on every handle; the GPU against the f64 reference over drawn ranks, shapes, windows,
 //! paddings, strides, layouts, dtypes, modes, NaN options and alpha/beta, forward and
-//! backward; every kernel path (global, vectorised NHWC, strips, cells, gather) by name; the global
-//! path against the general kernel; determinism; and bad inputs on every handle.
+//! backward; every kernel path (global, vectorised NHWC, strips, cells, gather) by name;
+//! the global path against the general kernel; determinism; and bad inputs on every
+//! handle.
 
 mod common;
 
@@ -735,9 +736,9 @@ fn gpu_every_kernel_matches_the_reference() {
                 "pooling_fwd_window_",
             ),
             // The forward strip kernels: rows of whole 16-byte vectors of every dtype (w a
-            // multiple of 8), odd and prime h, strips cut short at the row's end (w out
-            // 11, 7, 15), rows of y not aligned for a vector store (11 and 7 outputs),
-            // padding along h other than along w.
+            // multiple of 8), odd and prime h, strips cut short at the row's end and rows
+            // of y not aligned for a vector store (11 and 7 outputs along w), padding
+            // along h other than along w.
             (
                 &[3, 3],
                 &[1, 1],
