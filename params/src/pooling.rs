@@ -10,8 +10,9 @@ use crate::FastDivisor;
 /// Most dx elements one thread of a `pooling_bwd_cell_*` kernel owns.
 pub const POOLING_MAX_CELL: usize = 8;
 
-/// Consecutive cells along w one thread of a `pooling_bwd_cell_max_<W>x<W>s<S>_*` kernel
-/// takes (its `items` count w in groups of these).
+/// Consecutive cells along w one thread of a `pooling_bwd_cell_max_<W>x<W>s<S>p<P>_*`
+/// kernel takes (its `items` count w in runs of these cells' `POOLING_REGION_CELLS * S`
+/// columns, from column 0).
 pub const POOLING_REGION_CELLS: usize = 2;
 
 /// Elements each lane of a `pooling_fwd_global_*` kernel loads at once (the host sizes its
