@@ -1005,11 +1005,11 @@ unsafe fn bwd_cell_region<
         crate::unrolled!(r in S => {
             let ur = row_first + r;
             let row_at = dx_base + row[ur] * p.dx[3];
-            let first = dx.add((row_at + col[off] * p.dx[4]) as usize);
+            let run_start = dx.add((row_at + col[off] * p.dx[4]) as usize);
             let mut run_in = row_in[ur];
             crate::unrolled!(q in RUN => run_in &= col_in[off + q]);
-            if vectors && run_in && (first as usize).is_multiple_of(vector_bytes) {
-                store_blended::<T, RUN>(w, first, acc[r]);
+            if vectors && run_in && (run_start as usize).is_multiple_of(vector_bytes) {
+                store_blended::<T, RUN>(w, run_start, acc[r]);
             } else {
                 crate::unrolled!(q in RUN => {
                     if row_in[ur] & col_in[off + q] {
