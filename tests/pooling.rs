@@ -831,6 +831,18 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => None,
             };
+            // Over single channels, the tile backward of 2-D windows (a depth window of 1
+            // at stride 1, unpadded) takes bands of rows, in kernels of their own for 2x2
+            // unpadded along w and 3x3 unpadded or padded by 1, at stride 1.
+            let band = window.len() < 3 || (window[0], stride[0], padding[0]) == (1, 1, 0);
+            let band_shape = match (window, stride, padding) {
+                (&[1, a, b], &[1, 1, 1], &[0, _, pw]) | (&[a, b], &[1, 1], &[_, pw])
+                    if a == b && [(2, 0), (3, 0), (3, 1)].contains(&(a, pw)) =>
+                {
+                    format!("_{a}x{a}s1p{pw}")
+                }
+                _ => String::new(),
+            };
             // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors of every dtype (w
             // a multiple of 8, channels first) take the average strip kernel.
             let avg_strip = window == [2, 2]
@@ -859,7 +871,8 @@ fn gpu_every_kernel_matches_the_reference() {
                                 PoolingBwdAlgo::Gather => true,
                                 // Cells of at most 8 elements (global strides count as 1).
                                 PoolingBwdAlgo::Cell => global || cell <= 8,
-                                // Max, with one cell's windows in 32 KB of shared memory.
+                                // Max, with a band's rows or one cell's windows in 32 KB
+                                // of shared memory (the 96x96 global window has neither).
                                 PoolingBwdAlgo::Tile => mode.is_max() && (volume <= 64 || !global),
                             };
                             let b = pooling_backward_kernel(
@@ -889,6 +902,8 @@ fn gpu_every_kernel_matches_the_reference() {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
                             } else if algo == PoolingBwdAlgo::Cell && m == "avg" && avg_strip {
                                 format!("pooling_bwd_strip_avg_2x2s2_{dt}")
+                            } else if algo == PoolingBwdAlgo::Tile && band {
+                                format!("pooling_bwd_band_max{band_shape}_{dt}")
                             } else {
                                 format!("pooling_bwd_{family}_{m}_{dt}")
                             };
@@ -900,6 +915,164 @@ fn gpu_every_kernel_matches_the_reference() {
             }
         }
     });
+}
+
+/// The max backward's bands of rows against the reference: planes cut into several bands
+/// (the last one short), strides that skip rows, windows taller than wide, a band of one row
+/// where wider ones take too much shared memory, 1-D and 3-D windows of depth 1, and x and
+/// dx with gaps between elements and rows. A window too wide for one row's band falls back
+/// to the tiles.
+#[test]
+fn gpu_band_backward_matches_the_reference_across_bands() {
+    with_gpu(
+        "gpu_band_backward_matches_the_reference_across_bands",
+        |h| {
+            // Every other element of rows 5 elements apart.
+            let gapped = |dt: DataType, dims: &[usize]| {
+                let (c, height, w) = (dims[1], dims[2], dims[3]);
+                let row = 2 * w + 5;
+                TensorDescriptor::new(dt, dims, &[c * height * row, height * row, row, 2]).unwrap()
+            };
+            // (window, padding, stride, dims, gaps in x and dx, kernel)
+            type Case = (
+                &'static [usize],
+                &'static [usize],
+                &'static [usize],
+                &'static [usize],
+                bool,
+                &'static str,
+            );
+            let cases: [Case; 12] = [
+                // 2048 / 300 = 6 rows a band: 5 bands, the last of 5 rows.
+                (
+                    &[3, 3],
+                    &[1, 1],
+                    &[1, 1],
+                    &[2, 3, 29, 300],
+                    false,
+                    "band_max_3x3s1p1",
+                ),
+                // 2048 / 61 = 33 rows a band; rows not whole runs of 4.
+                (
+                    &[3, 3],
+                    &[1, 0],
+                    &[1, 1],
+                    &[2, 3, 40, 61],
+                    false,
+                    "band_max_3x3s1p0",
+                ),
+                (
+                    &[2, 2],
+                    &[1, 0],
+                    &[1, 1],
+                    &[2, 3, 9, 5],
+                    false,
+                    "band_max_2x2s1p0",
+                ),
+                (
+                    &[3, 3],
+                    &[1, 1],
+                    &[2, 2],
+                    &[2, 3, 37, 150],
+                    false,
+                    "band_max",
+                ),
+                // Rows 2, 5, 8, ... are in no window.
+                (
+                    &[2, 2],
+                    &[0, 0],
+                    &[3, 3],
+                    &[2, 3, 20, 23],
+                    false,
+                    "band_max",
+                ),
+                (
+                    &[5, 3],
+                    &[2, 1],
+                    &[2, 1],
+                    &[1, 4, 33, 70],
+                    false,
+                    "band_max",
+                ),
+                // Three rows of 600 take 40 KB: one row a band.
+                (
+                    &[3, 3],
+                    &[1, 1],
+                    &[1, 1],
+                    &[1, 2, 5, 600],
+                    false,
+                    "band_max_3x3s1p1",
+                ),
+                (&[3, 3], &[1, 0], &[1, 2], &[2, 3, 13, 17], true, "band_max"),
+                (
+                    &[3, 3],
+                    &[0, 1],
+                    &[1, 1],
+                    &[2, 3, 6, 11],
+                    true,
+                    "band_max_3x3s1p1",
+                ),
+                (
+                    &[1, 3, 3],
+                    &[0, 1, 1],
+                    &[1, 1, 1],
+                    &[2, 3, 4, 9, 10],
+                    false,
+                    "band_max_3x3s1p1",
+                ),
+                (&[4], &[1], &[1], &[3, 5, 23], false, "band_max"),
+                // Nine rows of 2000 take 72 KB even in a band of one row.
+                (
+                    &[9, 9],
+                    &[4, 4],
+                    &[1, 1],
+                    &[1, 2, 10, 2000],
+                    false,
+                    "tile_max",
+                ),
+            ];
+            for (window, padding, stride, dims, gaps, kernel) in cases {
+                for mode in [PoolingMode::Max, PoolingMode::MaxDeterministic] {
+                    let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride)
+                        .unwrap();
+                    for dt in DataType::GPU {
+                        for (data, ab) in [
+                            (Data::Uniform, (1.0, 0.0)),
+                            (Data::SmallIntegers, (1.0, 0.0)),
+                            (Data::WithNan, (1.0, 0.0)),
+                            (Data::Uniform, (-1.5, 0.25)),
+                        ] {
+                            let mut p =
+                                dense_problem(pool, dt, dims, Layout::ChannelsFirst, data, ab);
+                            if gaps {
+                                p.x = gapped(dt, dims);
+                            }
+                            let algo = PoolingBwdAlgo::Tile;
+                            let b = pooling_backward_kernel(
+                                h,
+                                Some(algo),
+                                &p.pool,
+                                &p.x,
+                                &p.y,
+                                &p.y,
+                                &p.x,
+                            );
+                            assert_eq!(b.unwrap(), format!("pooling_bwd_{kernel}_{dt}"), "{p:?}");
+                            check_backward(h, &p, Some(algo));
+                        }
+                    }
+                }
+            }
+            // Stride 1 over single channels takes the bands by default.
+            let pool = pool2d(PoolingMode::Max, 3, 1, 1);
+            let x =
+                TensorDescriptor::spatial(DataType::F32, 32, 192, &[28, 28], Layout::ChannelsFirst)
+                    .unwrap();
+            let y = pooled(&pool, &x, Layout::ChannelsFirst);
+            let b = pooling_backward_kernel(h, None, &pool, &x, &y, &y, &x).unwrap();
+            assert_eq!(b, "pooling_bwd_band_max_3x3s1p1_f32");
+        },
+    );
 }
 
 #[test]

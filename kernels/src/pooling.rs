@@ -29,6 +29,11 @@
 //!   dx columns, its windows' dy read together, dx written as vectors.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
+//! - `pooling_bwd_band_max_*`: max of 2-D windows over single channels through shared
+//!   memory, a block per band of rows of one plane: x and the windows' y and dy staged
+//!   once, each window's winner found once, then gathered by the band's dx elements.
+//!   `pooling_bwd_band_max_<W>x<W>s1p<P>_*`: the same unrolled for 2x2 and 3x3 windows at
+//!   stride 1, a thread per run of 4 windows or dx elements.
 //!
 //! Max: the forward value is the window's maximum, NaN skipped or propagated as
 //! `propagate_nan` says; the backward sends a window's dy to the window's first element in
@@ -39,8 +44,8 @@
 use crate::activation::blend;
 use crate::device::{
     block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, grid_stride,
-    group_reduce, lane_id, ld_shared_u32, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
-    st_shared_u32, sync_threads, thread_idx_x,
+    group_reduce, lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan,
+    shfl_xor_f32, st_shared_u32, st_shared_v4, sync_threads, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -145,6 +150,20 @@ fn span(w: &PoolWindow, k: usize, o: u32) -> (u32, u32) {
         end as u32
     };
     (lo, hi)
+}
+
+/// The windows `first..last` along spatial dim `k` that contain input `s` (none where
+/// `first >= last`: the stride skips `s`).
+#[inline(always)]
+fn windows_over(p: &PoolingBwdParams, k: usize, s: u32) -> (u32, u32) {
+    let w = &p.win;
+    let t = s + w.pad[k];
+    let first = if t >= w.window[k] {
+        p.stride_div[k].div(t - w.window[k]) + 1
+    } else {
+        0
+    };
+    (first, (p.stride_div[k].div(t) + 1).min(w.output[k]))
 }
 
 /// `N` consecutive positions from `first` along a dim of `extent`, clamped into it, and
@@ -1159,10 +1178,7 @@ unsafe fn bwd_tile_max<T: Element, const K: usize>(
             let mut first = [0u32; 3];
             let mut last = [0u32; 3];
             crate::unroll!(k in [0, 1, 2] {
-                let t = s[k] + w.pad[k];
-                first[k] = if t >= w.window[k] { p.stride_div[k].div(t - w.window[k]) + 1 } else { 0 };
-                let end = p.stride_div[k].div(t) + 1;
-                last[k] = if end < w.output[k] { end } else { w.output[k] };
+                (first[k], last[k]) = windows_over(p, k, s[k]);
             });
             let mut acc = [0.0f32; K];
             for od in first[0]..last[0] {
@@ -1189,6 +1205,354 @@ unsafe fn bwd_tile_max<T: Element, const K: usize>(
             store_blended::<T, K>(w, dx.add(at as usize), acc);
         }
         e += block_dim_x();
+    }
+}
+
+/// Loads issued together by each thread of a `pooling_bwd_band_max*` block as it stages
+/// its rows (times three: x, y and dy).
+const BAND_LOADS: u32 = 4;
+
+/// Windows or dx columns a thread of `pooling_bwd_band_max_<W>x<W>s1p<P>_*` takes.
+const BAND_RUN: usize = oxidnn_params::POOLING_BAND_RUN;
+
+/// Where a band block's rows are, once staged in shared memory.
+struct StagedBand {
+    /// The band's dx rows `h0..h1`.
+    h0: u32,
+    h1: u32,
+    /// The first row of windows over them, and how many rows of windows.
+    oh0: u32,
+    window_rows: u32,
+    /// The first x row those windows cover, and how many x rows.
+    xr0: u32,
+    x_rows: u32,
+    /// Shared addresses: x, then the windows' y (then their winners), then their dy.
+    xs: u32,
+    ys: u32,
+    gs: u32,
+    /// The plane's offset in dx.
+    dx_plane: u32,
+}
+
+/// `v`'s bits, NaNs and zeros made one value each: equal canonical bits are what
+/// [`same_value`] calls the same value.
+#[inline(always)]
+fn canonical(v: f32) -> u32 {
+    if v != v {
+        0x7fff_ffff
+    } else if v == 0.0 {
+        0
+    } else {
+        v.to_bits()
+    }
+}
+
+/// Stages a band block's x rows and its windows' y and dy in shared memory (see
+/// `PoolBand`), x and y as [`canonical`] bits, dy as f32, and waits for the whole block's
+/// stores. Each thread issues its loads `BAND_LOADS` a tensor at a time, consecutive
+/// threads on consecutive elements of a row. Where the staged rows are one run both in
+/// memory and in shared memory (unit w stride, rows `input[2]` apart, the pitch the
+/// width; likewise y and dy), an element's index is its offset, without a division.
+///
+/// # Safety
+/// As `pooling_bwd_band_max_*`.
+#[inline(always)]
+unsafe fn stage_band<T: Element>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+) -> StagedBand {
+    let w = &p.win;
+    let band = &p.band;
+    let PoolCoord { n, c, s } = p.items.at(block_idx_x());
+    let [depth, b, _] = s;
+    let h0 = b * band.rows;
+    let h1 = (h0 + band.rows).min(w.input[1]);
+    let (oh0, _) = windows_over(p, 1, h0);
+    let (_, oh1) = windows_over(p, 1, h1 - 1);
+    let window_rows = oh1.saturating_sub(oh0);
+    // Every window has an in-bounds row (padding < window), so rows of windows cover x rows.
+    let (xr0, xr1) = (span(w, 1, oh0).0, span(w, 1, oh1.max(1) - 1).1);
+    let x_rows = if window_rows > 0 { xr1 - xr0 } else { 0 };
+
+    let xs = dynamic_smem();
+    let ys = xs + 4 * band.x_rows * band.x_pitch;
+    let gs = ys + 4 * band.window_rows * band.window_pitch;
+    let plane = |strides: &[u32; 5]| row_offset(strides, n, c) + depth * strides[2];
+    let (x_plane, y_plane, dy_plane) = (plane(&p.x), plane(&p.y), plane(&p.dy));
+    let (width, out_width) = (w.input[2], w.output[2]);
+    let (x_len, window_len) = (x_rows * width, window_rows * out_width);
+    // Whether `rows` staged rows of `width` are one run in memory and in shared memory.
+    let one_run = |strides: &[u32; 5], rows: u32, width: u32, pitch: u32| {
+        (strides[4] == 1 || width == 1) && (strides[3] == width || rows <= 1) && pitch == width
+    };
+    let x_run = one_run(&p.x, x_rows, width, band.x_pitch);
+    let window_run = one_run(&p.y, window_rows, out_width, band.window_pitch)
+        && one_run(&p.dy, window_rows, out_width, band.window_pitch);
+    let step = block_dim_x();
+    let mut i = thread_idx_x();
+    while i < x_len.max(window_len) {
+        // Every load of the round unconditionally (past the end: the last element again),
+        // then the stores of those inside.
+        let at = |u: usize, len: u32| (i + u as u32 * step).min(len.max(1) - 1);
+        let xv: [(u32, f32); BAND_LOADS as usize] = core::array::from_fn(|u| {
+            let j = at(u, x_len);
+            let (slot, offset) = if x_run {
+                (j, xr0 * width + j)
+            } else {
+                let (r, q) = p.input_hw[1].div_rem(j);
+                (r * band.x_pitch + q, (xr0 + r) * p.x[3] + q * p.x[4])
+            };
+            (slot, load::<T, 1>(x.add((x_plane + offset) as usize))[0])
+        });
+        let window_at = |u: usize, t: *const T, plane: u32, strides: &[u32; 5]| {
+            let j = at(u, window_len);
+            let (slot, offset) = if window_run {
+                (j, oh0 * out_width + j)
+            } else {
+                let (a, ow) = band.output_w.div_rem(j);
+                (
+                    a * band.window_pitch + ow,
+                    (oh0 + a) * strides[3] + ow * strides[4],
+                )
+            };
+            (slot, load::<T, 1>(t.add((plane + offset) as usize))[0])
+        };
+        let yv: [(u32, f32); BAND_LOADS as usize] =
+            core::array::from_fn(|u| window_at(u, y, y_plane, &p.y));
+        let gv: [(u32, f32); BAND_LOADS as usize] =
+            core::array::from_fn(|u| window_at(u, dy, dy_plane, &p.dy));
+        // SAFETY: slots of staged rows and columns, inside the host's allocation.
+        crate::unrolled!(u in BAND_LOADS as usize => {
+            let j = i + u as u32 * step;
+            if j < x_len {
+                st_shared_u32(xs + 4 * xv[u].0, canonical(xv[u].1));
+            }
+            if j < window_len {
+                st_shared_u32(ys + 4 * yv[u].0, canonical(yv[u].1));
+                st_shared_u32(gs + 4 * gv[u].0, gv[u].1.to_bits());
+            }
+        });
+        i += BAND_LOADS * step;
+    }
+    sync_threads();
+    StagedBand {
+        h0,
+        h1,
+        oh0,
+        window_rows,
+        xr0,
+        x_rows,
+        xs,
+        ys,
+        gs,
+        dx_plane: plane(&p.dx),
+    }
+}
+
+/// Max backward of 2-D windows over single channels through shared memory: a block per
+/// band of dx rows of one plane (see `PoolBand`), any window, padding and stride. The
+/// block stages the x rows the windows over its band cover and those windows' y and dy
+/// ([`stage_band`]); then a thread per window finds its winner once (the first in-bounds
+/// element in scan order equal to its y), kept in place of its y; then a thread per dx
+/// element of the band adds the dy of the windows it won, in window order. Loads and
+/// stores run along rows, consecutive threads on consecutive elements.
+///
+/// # Safety
+/// As `pooling_bwd_tile_max_*`, with one block per item of `items` (over `[n, c, d,
+/// bands, 1]`), the window as `PoolBand` says (`window[0] = stride[0] = 1`, `pad[0] =
+/// 0`), and `band.shared_bytes()` bytes of dynamic shared memory.
+#[inline(always)]
+unsafe fn bwd_band_max<T: Element>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    let band = &p.band;
+    let s = stage_band(p, x, y, dy);
+    let (width, out_width) = (w.input[2], w.output[2]);
+    let (tid, step) = (thread_idx_x(), block_dim_x());
+
+    let mut i = tid;
+    while i < s.window_rows * out_width {
+        let (a, ow) = band.output_w.div_rem(i);
+        let slot = 4 * (a * band.window_pitch + ow);
+        // SAFETY: staged before the barrier; each window's slot is rewritten by the thread
+        // that reads it.
+        let yv = ld_shared_u32(s.ys + slot);
+        let (r0, r1) = span(w, 1, s.oh0 + a);
+        let (q0, q1) = span(w, 2, ow);
+        let mut winner = u32::MAX;
+        'scan: for r in r0..r1 {
+            let row = s.xs + 4 * (r - s.xr0) * band.x_pitch;
+            for q in q0..q1 {
+                if ld_shared_u32(row + 4 * q) == yv {
+                    winner = r * width + q;
+                    break 'scan;
+                }
+            }
+        }
+        st_shared_u32(s.ys + slot, winner);
+        i += step;
+    }
+    sync_threads();
+
+    let mut i = tid;
+    while i < (s.h1 - s.h0) * width {
+        let (r, q) = p.input_hw[1].div_rem(i);
+        let h = s.h0 + r;
+        let me = h * width + q;
+        let (fh, lh) = windows_over(p, 1, h);
+        let (fw, lw) = windows_over(p, 2, q);
+        let mut acc = 0.0f32;
+        for oh in fh..lh {
+            let row = (oh - s.oh0) * band.window_pitch;
+            for ow in fw..lw {
+                // SAFETY: written in the second phase, before the barrier.
+                let slot = 4 * (row + ow);
+                if ld_shared_u32(s.ys + slot) == me {
+                    acc += f32::from_bits(ld_shared_u32(s.gs + slot));
+                }
+            }
+        }
+        let at = s.dx_plane + h * p.dx[3] + q * p.dx[4];
+        store_blended::<T, 1>(w, dx.add(at as usize), [acc]);
+        i += step;
+    }
+}
+
+/// A window's winner as its place `row * WIN + column` in the window; none.
+const NO_WINNER: u32 = u32::MAX;
+
+/// [`bwd_band_max`] for `WIN x WIN` windows at stride 1, padded by `PAD` along w (any
+/// padding along h; `2 * PAD < WIN`, so a row has no more windows than elements), with
+/// the loops unrolled: a thread per run of `RUN = BAND_RUN` windows of a row finds their
+/// winners from the `WIN` rows of `RW = RUN + WIN - 1` x elements they share (the middle
+/// `RUN` a 16-byte shared-memory load), each winner kept as its place in the window; a
+/// thread per run of `RUN` dx elements then reads the `WIN x RW` windows over them (codes
+/// and dy, the middle `RUN` of each row as 16-byte loads), and each element adds the dy of
+/// those whose winner is at its own place in them, a constant per window and element, in
+/// window order. The run's dx row is stored as one vector where dx allows.
+///
+/// # Safety
+/// As `bwd_band_max`, with the window as above (checked by the host).
+#[inline(always)]
+unsafe fn bwd_band_max_s1<T: Element, const WIN: usize, const PAD: usize, const RW: usize>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const { assert!(RW == BAND_RUN + WIN - 1 && 2 * PAD < WIN && BAND_RUN == 4) };
+    let w = &p.win;
+    let band = &p.band;
+    let s = stage_band(p, x, y, dy);
+    let (width, out_width) = (w.input[2], w.output[2]);
+    let (tid, step) = (thread_idx_x(), block_dim_x());
+
+    let mut i = tid;
+    while i < s.window_rows * band.window_runs.divisor {
+        let (a, run) = band.window_runs.div_rem(i);
+        let c0 = run * BAND_RUN as u32;
+        // The windows' x rows (staged rows, clamped: a clamped row is out of bounds for
+        // every window of the run) and columns, clamped into x and masked.
+        let first_row = (s.oh0 + a) as i32 - w.pad[1] as i32 - s.xr0 as i32;
+        let (row, row_in) = clamped::<WIN>(first_row, s.x_rows);
+        let (col, col_in) = clamped::<RW>(c0 as i32 - PAD as i32, width);
+        // SAFETY: staged rows; the middle run starts at c0 < output[2] <= input[2], inside
+        // the row's pitch and 16-byte aligned (pitch and c0 multiples of 4).
+        let xv: [[u32; RW]; WIN] = core::array::from_fn(|r| {
+            let at = s.xs + 4 * row[r] * band.x_pitch;
+            let middle = ld_shared_v4(at + 4 * c0);
+            core::array::from_fn(|m| {
+                if (PAD..PAD + BAND_RUN).contains(&m) {
+                    middle[m - PAD]
+                } else {
+                    ld_shared_u32(at + 4 * col[m])
+                }
+            })
+        });
+        let slot = s.ys + 4 * (a * band.window_pitch + c0);
+        let yv = ld_shared_v4(slot);
+        let mut codes = [NO_WINNER; BAND_RUN];
+        crate::unrolled!(k in BAND_RUN => {
+            // The window's elements in reverse scan order, so that the match kept is the
+            // first in scan order; canonical bits, so that equal bits are the same value.
+            crate::unrolled!(rr in WIN => crate::unrolled!(qq in WIN => {
+                let (r, q) = (WIN - 1 - rr, WIN - 1 - qq);
+                if row_in[r] & col_in[k + q] & (xv[r][k + q] == yv[k]) {
+                    codes[k] = (r * WIN + q) as u32;
+                }
+            }));
+            // Windows past the row's end have no winner.
+            if c0 + k as u32 >= out_width {
+                codes[k] = NO_WINNER;
+            }
+        });
+        // SAFETY: the slots this thread read; windows past the row's end stay inside the
+        // pitch.
+        st_shared_v4(slot, codes);
+        i += step;
+    }
+    sync_threads();
+
+    let mut i = tid;
+    while i < (s.h1 - s.h0) * band.dx_runs.divisor {
+        let (r, run) = band.dx_runs.div_rem(i);
+        let h = s.h0 + r;
+        let c0 = run * BAND_RUN as u32;
+        // Window rows h + pad - (WIN - 1) ..= h + pad and columns c0 + PAD - (WIN - 1) ..,
+        // clamped into the staged rows and the row of windows (every window over the run
+        // is staged, and every staged window is in y; at stride 1 every row is under one).
+        let first_row = (h + w.pad[1]) as i32 - (WIN as i32 - 1) - s.oh0 as i32;
+        let (row, row_in) = clamped::<WIN>(first_row, s.window_rows.max(1));
+        let first_col = c0 as i32 + PAD as i32 - (WIN as i32 - 1);
+        let (col, col_in) = clamped::<RW>(first_col, out_width);
+        let middle = WIN - 1 - PAD;
+        let mut acc = [0.0f32; BAND_RUN];
+        crate::unrolled!(a in WIN => {
+            let at = 4 * row[a] * band.window_pitch;
+            // SAFETY: staged rows; the middle run starts at c0 < input[2], inside the
+            // pitch and aligned; written in the second phase, before the barrier.
+            let (codes, grads) = (ld_shared_v4(s.ys + at + 4 * c0), ld_shared_v4(s.gs + at + 4 * c0));
+            crate::unrolled!(m in RW => {
+                let (code, g) = if (middle..middle + BAND_RUN).contains(&m) {
+                    (codes[m - middle], f32::from_bits(grads[m - middle]))
+                } else {
+                    let edge = at + 4 * col[m];
+                    (ld_shared_u32(s.ys + edge), f32::from_bits(ld_shared_u32(s.gs + edge)))
+                };
+                let code = if row_in[a] & col_in[m] { code } else { NO_WINNER };
+                // Element k sits at row WIN - 1 - a and column k + WIN - 1 - m of window
+                // (a, m).
+                crate::unrolled!(k in BAND_RUN => {
+                    let q = (k + WIN - 1).wrapping_sub(m);
+                    if q < WIN {
+                        let place = ((WIN - 1 - a) * WIN + q) as u32;
+                        acc[k] += if code == place { g } else { 0.0 };
+                    }
+                });
+            });
+        });
+        let dx_row = s.dx_plane + h * p.dx[3];
+        let run_start = dx.add((dx_row + c0 * p.dx[4]) as usize);
+        let whole = p.dx[4] == 1 && c0 + BAND_RUN as u32 <= width;
+        if whole && (run_start as usize).is_multiple_of(BAND_RUN * size_of::<T>()) {
+            store_blended::<T, BAND_RUN>(w, run_start, acc);
+        } else {
+            crate::unrolled!(k in BAND_RUN => {
+                if c0 + (k as u32) < width {
+                    let at = dx_row + (c0 + k as u32) * p.dx[4];
+                    store_blended::<T, 1>(w, dx.add(at as usize), [acc[k]]);
+                }
+            });
+        }
+        i += step;
     }
 }
 
@@ -1280,6 +1644,15 @@ macro_rules! pooling_entry_points {
                 bwd_tile_max::<$T, 1>(&p, x, y, dy, dx)
             }
             /// # Safety
+            /// As `pooling_bwd_gather_max_*`; one block per item (`p.band`), 256 threads,
+            /// `p.band.shared_bytes(..)` bytes of dynamic shared memory.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_band_max_ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_band_max::<$T>(&p, x, y, dy, dx)
+            }
+            /// # Safety
             /// As `pooling_bwd_tile_max_*` with `p.tile.shared_bytes(16 / size)` bytes, and
             /// every operand channel-contiguous as for `pooling_fwd_window_vec_*`.
             #[unsafe(no_mangle)]
@@ -1361,6 +1734,30 @@ macro_rules! cell_region_entry_points {
 }
 
 crate::for_each_dtype!(cell_region_entry_points);
+
+/// The compile-time window shapes of `pooling_bwd_band_max_<W>x<W>s1p<P>_*`
+/// ([`bwd_band_max_s1`]): the (square) window and the padding along w.
+macro_rules! band_entry_points {
+    ($dt:ident, $T:ty) => {
+        band_entry_points!(@each $dt, $T, (2, 0) (3, 0) (3, 1));
+    };
+    (@each $dt:ident, $T:ty, $(($win:literal, $pad:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_bwd_band_max_*`, for 2-D windows of the size and w padding in
+            /// the name at stride 1 (`window = [1, W, W]`, `stride = [1, 1, 1]`, `pad[0] =
+            /// 0`, `pad[2] = P`).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_band_max_ $win x $win s1p $pad _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_band_max_s1::<$T, $win, $pad, { BAND_RUN + $win - 1 }>(&p, x, y, dy, dx)
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(band_entry_points);
 
 /// The compile-time window shapes of `pooling_fwd_strip_<shape>_*` ([`fwd_strip`]): the name,
 /// then the depth window, the (square) window along h and w, its stride, the padding

@@ -191,6 +191,42 @@ impl PoolTile {
     }
 }
 
+/// dx columns (and windows) one thread of a `pooling_bwd_band_max_<W>x<W>s1p<P>_*` kernel
+/// takes.
+pub const POOLING_BAND_RUN: usize = 4;
+
+/// The band of a `pooling_bwd_band_max*` block: the max backward of 2-D windows (the
+/// depth window 1 at stride 1, unpadded) over single channels. Block `b` takes the plane
+/// `items.at(b) = (n, c, [d, band, 0])` (`items` counts `[n, c, d, bands, 1]`) and its dx
+/// rows from `band * rows` (at most `rows` of them). It stages in dynamic shared memory,
+/// as f32: the x rows covered by the windows over its dx rows (at most `x_rows` rows,
+/// `x_pitch` words apart), then those windows' y and dy (at most `window_rows` rows each,
+/// `window_pitch` words apart). Both pitches are multiples of 4 words at least
+/// `input[2]` (and `output[2]`), so each row's runs of `POOLING_BAND_RUN` columns from a
+/// multiple of it are 16-byte aligned. Each window's y word then holds its winner.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolBand {
+    pub rows: u32,
+    pub x_rows: u32,
+    pub window_rows: u32,
+    pub x_pitch: u32,
+    pub window_pitch: u32,
+    /// Divides by `win.output[2]`.
+    pub output_w: FastDivisor,
+    /// Divide by the runs of `POOLING_BAND_RUN` windows in a row of y, and of dx elements
+    /// in a row of dx.
+    pub window_runs: FastDivisor,
+    pub dx_runs: FastDivisor,
+}
+
+impl PoolBand {
+    /// Bytes of dynamic shared memory a block needs.
+    pub const fn shared_bytes(&self) -> u32 {
+        4 * (self.x_rows * self.x_pitch + 2 * self.window_rows * self.window_pitch)
+    }
+}
+
 /// Parameters of the backward kernels: `dx = alpha * grad + beta * dx`, where `grad` of an
 /// element sums, over the windows that contain it, `dy / count` (average; count = volume
 /// when padding is included, else the window's in-bounds elements) or `dy` where the
@@ -202,6 +238,9 @@ impl PoolTile {
 ///
 /// `pooling_bwd_tile_max_*` (and `_vec_`): a block per tile of cells (see [`PoolTile`]),
 /// windows through shared memory.
+///
+/// `pooling_bwd_band_max_*` (and `_<W>x<W>s1p<P>_`): a block per band of rows of one plane
+/// (see [`PoolBand`]), x and the windows through shared memory.
 ///
 /// `pooling_bwd_cell_*` (and `_vec_`): one thread per *cell*: the `stride[0] x stride[1] x
 /// stride[2]` block of dx elements from `cell * stride - pad` (cells tile the input
@@ -222,6 +261,7 @@ pub struct PoolingBwdParams {
     pub cell_len: u32,
     pub cell_slots: [u32; POOLING_MAX_CELL],
     pub tile: PoolTile,
+    pub band: PoolBand,
     /// Strides over `[n, c, d, h, w]`.
     pub x: [u32; 5],
     pub y: [u32; 5],

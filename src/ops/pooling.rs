@@ -57,9 +57,9 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    FastDivisor, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
-    POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    FastDivisor, PoolBand, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR,
+    POOLING_GLOBAL_LOADS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -357,7 +357,9 @@ pub enum PoolingBwdAlgo {
     /// overlapping window visited once. Cells of at most `POOLING_MAX_CELL` elements.
     Cell,
     /// Max only: a block per tile of cells; each overlapping window's winner is found once,
-    /// into shared memory, then gathered by the tile's dx elements.
+    /// into shared memory, then gathered by the tile's dx elements. Over single channels,
+    /// for 2-D windows, the tile is a band of whole rows of one plane, with x, y and dy
+    /// staged in shared memory.
     Tile,
 }
 
@@ -929,6 +931,7 @@ struct BackwardPlan {
     algo: PoolingBwdAlgo,
     items: PoolItems,
     tile: PoolTile,
+    band: PoolBand,
     cfg: LaunchConfig,
 }
 
@@ -1003,9 +1006,12 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
 /// elements) and not global: over channel vectors, shared-memory tiles (each window scanned
 /// once for all the cells it overlaps: 1.4x faster than cells on 3x3/s2 f16 NHWC); over
-/// single channels, a thread per cell where cells are small (a few percent faster than the
-/// tiles, which amortise less over one channel; 3.7x for the square 2-D windows with cell
-/// kernels of their own: 142 against 531 µs on 3x3/s2 f32 NCHW), tiles otherwise. Global
+/// single channels, bands of rows for the stride-1 windows with band kernels of their own
+/// (each x element staged once, where a cell kernel's threads each reload their windows':
+/// 61 against 112 µs on 3x3/s1/p1 f32 NCHW), a thread per cell where cells are small (a
+/// few percent faster than the tiles, which amortise less over one channel; 3.7x for the
+/// square 2-D windows with cell kernels of their own: 142 against 531 µs on 3x3/s2 f32
+/// NCHW, where the general band kernel takes 314), tiles otherwise. Global
 /// pooling and larger windows: the gather. Average: the gather over channel vectors and
 /// where a cell is one element (global pooling); cells otherwise (2x faster than the
 /// gather on 2x2/s2 NCHW, 4x with the strip kernel: 51 against 203 µs in f32).
@@ -1014,6 +1020,8 @@ fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> Poo
     if pooling.mode.is_max() {
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
+        } else if !vectors && band_s1_shape(g).is_some() && band_plan(g).is_some() {
+            PoolingBwdAlgo::Tile
         } else if !vectors && cell <= POOLING_MAX_CELL {
             PoolingBwdAlgo::Cell
         } else {
@@ -1076,6 +1084,69 @@ fn tile_plan(g: &Geometry, channel_vectors: usize, k: usize) -> Option<PoolTile>
     })
 }
 
+/// Most dynamic shared memory a band takes.
+const BAND_MAX_SHARED_BYTES: usize = 32 << 10;
+/// dx elements a band aims at: eight a thread.
+const BAND_ELEMENTS: usize = 8 * BLOCK_THREADS as usize;
+
+/// The band of the shared-memory max backward over single channels (`bwd_band_max`): 2-D
+/// windows (the depth window 1 at stride 1, unpadded), a block per `rows` dx rows of one
+/// plane, as many as make `BAND_ELEMENTS` elements (the whole plane where it is smaller),
+/// halved while the x rows its windows cover and their y and dy take more than
+/// `BAND_MAX_SHARED_BYTES`. `None` if one row's do.
+fn band_plan(g: &Geometry) -> Option<PoolBand> {
+    if g.window[0] != 1 || g.stride[0] != 1 || g.pad[0] != 0 {
+        return None;
+    }
+    let (height, width, out_width) = (g.input[1], g.input[2], g.output[2]);
+    let (window, stride) = (g.window[1], g.stride[1]);
+    let run = POOLING_BAND_RUN;
+    let div = |v: usize| FastDivisor::new(v as u32);
+    let mut rows = (BAND_ELEMENTS / width).clamp(1, height);
+    loop {
+        // At most ceil((rows + window - 1) / stride) windows overlap `rows` rows.
+        let window_rows = (rows + window - 1).div_ceil(stride).min(g.output[1]);
+        let band = PoolBand {
+            rows: rows as u32,
+            x_rows: ((window_rows - 1) * stride + window).min(height) as u32,
+            window_rows: window_rows as u32,
+            x_pitch: width.next_multiple_of(run) as u32,
+            window_pitch: out_width.max(width).next_multiple_of(run) as u32,
+            output_w: div(out_width),
+            window_runs: div(out_width.div_ceil(run)),
+            dx_runs: div(width.div_ceil(run)),
+        };
+        if band.shared_bytes() as usize <= BAND_MAX_SHARED_BYTES {
+            return Some(band);
+        }
+        if rows == 1 {
+            return None;
+        }
+        rows /= 2;
+    }
+}
+
+/// The window and padding along w of the band kernels compiled for a shape, if this is
+/// one: 2x2 unpadded along w, or 3x3 unpadded or padded by 1, at stride 1.
+/// (`bwd_band_max_s1`: its loops unrolled, a thread per run of `POOLING_BAND_RUN` windows
+/// or dx elements.)
+fn band_s1_shape(g: &Geometry) -> Option<(usize, usize)> {
+    let w = g.window[2];
+    let shape = (w, g.pad[2]);
+    let compiled = matches!(shape, (2, 0) | (3, 0) | (3, 1));
+    (compiled && g.window == [1, w, w] && g.stride == [1; 3] && g.pad[0] == 0).then_some(shape)
+}
+
+/// The band kernel for this window: compiled for its shape, or the general one.
+fn band_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
+    match band_s1_shape(g) {
+        Some((2, 0)) => kernels::pooling_bwd_band_max_2x2s1p0(dtype),
+        Some((3, 0)) => kernels::pooling_bwd_band_max_3x3s1p0(dtype),
+        Some((3, 1)) => kernels::pooling_bwd_band_max_3x3s1p1(dtype),
+        _ => kernels::pooling_bwd_band_max(dtype),
+    }
+}
+
 fn backward_plan(
     pooling: &PoolingDescriptor,
     g: &Geometry,
@@ -1123,8 +1194,15 @@ fn backward_plan(
         (Cell, false, false) => avg_strip_kernel(g, dtype, &strides[3], aligned),
         _ => None,
     };
+    // Over single channels, the tile backward takes bands of whole rows where they fit.
+    let band = if (algo, vec) == (Tile, false) {
+        band_plan(g)
+    } else {
+        None
+    };
     let kernel = match (algo, vec, max) {
         (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
+        (Tile, false, _) if band.is_some() => band_kernel(g, dtype),
         (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
         (Cell, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
         (Cell, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
@@ -1137,6 +1215,21 @@ fn backward_plan(
         (Gather, false, false) => kernels::pooling_bwd_gather_avg(dtype),
     }
     .ok_or_else(|| unsupported("backward", dtype))?;
+    if let Some(band) = band {
+        let bands = g.input[1].div_ceil(band.rows as usize);
+        let items = items([g.n, g.c, g.input[0], bands, 1], false)?;
+        let mut cfg =
+            LaunchConfig::for_threads(items.len as u64 * BLOCK_THREADS as u64, BLOCK_THREADS)?;
+        cfg.shared_bytes = band.shared_bytes();
+        return Ok(BackwardPlan {
+            kernel,
+            algo,
+            items,
+            tile: PoolTile::default(),
+            band,
+            cfg,
+        });
+    }
     if algo == Tile {
         let tile = tile_plan(g, c, if vec { k } else { 1 }).ok_or_else(|| {
             Error::unsupported(format!(
@@ -1154,6 +1247,7 @@ fn backward_plan(
             algo,
             items: PoolItems::default(),
             tile,
+            band: PoolBand::default(),
             cfg,
         });
     }
@@ -1171,6 +1265,7 @@ fn backward_plan(
         algo,
         items,
         tile: PoolTile::default(),
+        band: PoolBand::default(),
         cfg: grid_stride_config(items.len as u64, sm_count)?,
     })
 }
@@ -1192,6 +1287,7 @@ fn launch_backward(
         cell_len: 0,
         cell_slots: [0; POOLING_MAX_CELL],
         tile: plan.tile,
+        band: plan.band,
         x: strides5(x_desc)?,
         y: strides5(y_desc)?,
         dy: strides5(dy_desc)?,
@@ -1217,6 +1313,7 @@ fn launch_backward(
     // (check_output) and each is written by one thread. The vector kernels run only on
     // channel-contiguous, 16-byte aligned operands; the shaped cell kernels only on their
     // window shapes, with dx vector stores only where dx allows them (checked in the
-    // kernel, or by avg_strip_kernel for the average strips).
+    // kernel, or by avg_strip_kernel for the average strips); the band kernel only on
+    // 2-D windows, with the shared memory band_plan sized for its rows.
     unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
 }
