@@ -1425,7 +1425,8 @@ unsafe fn bwd_band_max<T: Element>(
     }
 }
 
-/// A window's winner as its place `row * WIN + column` in the window; none.
+/// The code of a window without a winner (codes are places `row * WIN + column` in the
+/// window).
 const NO_WINNER: u32 = u32::MAX;
 
 /// [`bwd_band_max`] for `WIN x WIN` windows at stride 1, padded by `PAD` along w (any
@@ -1645,7 +1646,7 @@ macro_rules! pooling_entry_points {
             }
             /// # Safety
             /// As `pooling_bwd_gather_max_*`; one block per item (`p.band`), 256 threads,
-            /// `p.band.shared_bytes(..)` bytes of dynamic shared memory.
+            /// `p.band.shared_bytes()` bytes of dynamic shared memory.
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<pooling_bwd_band_max_ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
