@@ -927,7 +927,7 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
     with_gpu(
         "gpu_band_backward_matches_the_reference_across_bands",
         |h| {
-            // Every other element of rows 5 elements apart.
+            // Every other element, rows `2 * w + 5` elements apart.
             let gapped = |dt: DataType, dims: &[usize]| {
                 let (c, height, w) = (dims[1], dims[2], dims[3]);
                 let row = 2 * w + 5;
