@@ -358,8 +358,8 @@ pub enum PoolingBwdAlgo {
     Cell,
     /// Max only: a block per tile of cells; each overlapping window's winner is found once,
     /// into shared memory, then gathered by the tile's dx elements. Over single channels,
-    /// for 2-D windows, the tile is a band of whole rows of one plane, with x, y and dy
-    /// staged in shared memory.
+    /// for 2-D windows whose band fits in shared memory, the tile is a band of whole rows
+    /// of one plane, with x, y and dy staged in shared memory.
     Tile,
 }
 
