@@ -32,9 +32,11 @@ if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
 fi
 benches=$(cd "$out" && ls | grep -E 'vs_' || true)
 strip "$out"/tests/* "$out"/oxidnn-demo $(for b in $benches; do echo "$out/$b"; done) 2>/dev/null || true
-# The embedded PTX makes each binary ~40 MB; xz -6 shrinks the PTX ~100x, so all of them
-# travel in a few tens of MB (the device tool carries at most 64 MiB; -2 would not fit).
-export XZ_OPT="${XZ_OPT:--T2 -6}"
+# The embedded PTX (~64 MB) is most of each ~70 MB binary, and the same in all of them: one
+# xz stream with a dictionary larger than a binary stores it once, so the whole set travels
+# in about 10 MB (the device tool carries at most 64 MiB), packed in under a minute at
+# preset 1. One thread: xz's threads cut the stream into blocks that share no dictionary.
+export XZ_OPT="${XZ_OPT:--T1 --lzma2=preset=1,dict=256MiB}"
 # PyTorch's norm timings, which run-all.sh runs before the benches (norm_vs_cudnn reads them).
 cp benches/torch_norms.py "$out/"
 (cd "$out" && tar -cJf bundle.tar.xz tests oxidnn-demo $benches torch_norms.py && rm -rf tests oxidnn-demo $benches torch_norms.py)
