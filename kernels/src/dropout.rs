@@ -21,8 +21,8 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    dropout_keeps, dropout_key, dropout_randoms, packed_vector_elements, DropoutBwdParams,
-    DropoutFwdParams, DropoutState, PACKED_VECTORS_PER_THREAD,
+    dropout_key, dropout_randoms, packed_vector_elements, DropoutBwdParams, DropoutFwdParams,
+    DropoutState, PACKED_VECTORS_PER_THREAD,
 };
 
 /// 16-byte vectors per lane per step of the packed kernels (the host sizes the grid by it).
@@ -57,18 +57,43 @@ unsafe fn finish_call(state: *mut DropoutState) {
     }
 }
 
+/// The keep test of `oxidnn_params::dropout_keeps` in 32-bit arithmetic: `r >= threshold`
+/// for a threshold below 2^32, which is one compare where the 64-bit form takes two.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// Threshold 0 (`p = 0`): every element, no randoms drawn.
+    All,
+    /// Threshold 2^32 (`p = 1`): no element, no randoms drawn.
+    None,
+    /// Elements whose random word is at least this.
+    AtLeast(u32),
+}
+
+impl Keep {
+    #[inline(always)]
+    fn of(threshold: u64) -> Self {
+        match threshold {
+            0 => Keep::All,
+            t if t > u32::MAX as u64 => Keep::None,
+            t => Keep::AtLeast(t as u32),
+        }
+    }
+}
+
 /// Keep bits of the `K` elements from `at` (a multiple of 4): bit `e` for element `at + e`.
 #[inline(always)]
-fn keep_bits<const K: usize>(key: [u32; 2], call: u64, threshold: u64, at: u64) -> u32 {
-    if threshold == 0 {
-        return if K >= 32 { u32::MAX } else { (1u32 << K) - 1 };
-    }
+fn keep_bits<const K: usize>(key: [u32; 2], call: u64, keep: Keep, at: u64) -> u32 {
+    let threshold = match keep {
+        Keep::All => return if K >= 32 { u32::MAX } else { (1u32 << K) - 1 },
+        Keep::None => return 0,
+        Keep::AtLeast(t) => t,
+    };
     let mut bits = 0u32;
     crate::unroll!(q in [0, 1] {
         if 4 * q < K {
             let r = dropout_randoms(key, call, at / 4 + q as u64);
             crate::unroll!(e in [0, 1, 2, 3] {
-                bits |= (dropout_keeps(r[e], threshold) as u32) << (4 * q + e);
+                bits |= ((r[e] >= threshold) as u32) << (4 * q + e);
             });
         }
     });
@@ -123,48 +148,43 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
     mask: *mut u32,
 ) {
     let (key, call) = read_state(state);
+    let keep = Keep::of(p.threshold);
     let chunk = (V * 32 * K) as u64;
     let chunks = p.len.div_ceil(chunk);
     let words = p.len.div_ceil(32);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
     let lane = lane_id() as u64;
-    // The vectors of chunk `w`, if it is whole (a partial chunk is read element by element).
-    let load = |w: u64| {
-        let mut raw = [[0u32; 4]; V];
-        if w < chunks && (w + 1) * chunk <= p.len {
-            crate::unroll!(v in [0, 1, 2, 3] {
-                let at = w * chunk + (v as u64 * 32 + lane) * K as u64;
-                raw[v] = T::load_raw::<K>(x.add(at as usize), true);
-            });
-        }
-        raw
-    };
     let mut w = global_thread_x() / 32;
-    let mut raw = load(w);
     while w < chunks {
         let base = w * chunk;
         let at = |v: usize| base + (v as u64 * 32 + lane) * K as u64;
-        // Software pipelining: the next chunk's loads are in flight while this chunk's
-        // randoms are drawn and its results stored.
-        let next = load(w + warps);
         if base + chunk <= p.len {
+            // The chunk's loads first; its randoms are drawn while they are in flight (no
+            // registers held across iterations, so more warps fit an SM).
+            let mut raw = [[0u32; 4]; V];
             crate::unroll!(v in [0, 1, 2, 3] {
-                let bits = keep_bits::<K>(key, call, p.threshold, at(v));
+                raw[v] = T::load_raw::<K>(x.add(at(v) as usize), true);
+            });
+            let mut bits = [0u32; V];
+            crate::unroll!(v in [0, 1, 2, 3] {
+                bits[v] = keep_bits::<K>(key, call, keep, at(v));
+            });
+            crate::unroll!(v in [0, 1, 2, 3] {
                 let xs = T::unpack::<K>(raw[v]);
                 let mut out = [0.0f32; K];
                 crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if e < K {
-                        out[e] = apply((bits >> e) & 1 != 0, xs[e], p.scale);
+                        out[e] = apply((bits[v] >> e) & 1 != 0, xs[e], p.scale);
                     }
                 });
                 T::store_vec::<K>(y.add(at(v) as usize), out);
-                publish_bits::<K>(bits, (base + (v * 32 * K) as u64) / 32, words, mask);
+                publish_bits::<K>(bits[v], (base + (v * 32 * K) as u64) / 32, words, mask);
             });
         } else {
             // The grid's last, partial chunk: element by element, same bits.
             crate::unroll!(v in [0, 1, 2, 3] {
                 let start = at(v);
-                let mut bits = keep_bits::<K>(key, call, p.threshold, start);
+                let mut bits = keep_bits::<K>(key, call, keep, start);
                 crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if e < K {
                         let i = start + e as u64;
@@ -179,7 +199,6 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
                 publish_bits::<K>(bits, (base + (v * 32 * K) as u64) / 32, words, mask);
             });
         }
-        raw = next;
         w += warps;
     }
     finish_call(state);
@@ -194,6 +213,7 @@ unsafe fn fwd_strided<T: Element>(
     mask: *mut u32,
 ) {
     let (key, call) = read_state(state);
+    let keep = Keep::of(p.threshold);
     let groups = p.len.div_ceil(4);
     let words = p.len.div_ceil(32);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
@@ -205,7 +225,7 @@ unsafe fn fwd_strided<T: Element>(
         let g = w * 32 + lane;
         let mut bits = 0u32;
         if g < groups {
-            bits = keep_bits::<4>(key, call, p.threshold, 4 * g);
+            bits = keep_bits::<4>(key, call, keep, 4 * g);
             let mut offs = [[0u64; 2]; 4];
             let mut xs = [0.0f32; 4];
             crate::unroll!(e in [0, 1, 2, 3] {

@@ -248,11 +248,10 @@ fn logical_map(dims: &[usize], strides: [&[usize]; 2]) -> Result<IndexMap<2>> {
     index_map(&out_dims, &out_strides)
 }
 
-/// Blocks per SM of the forward kernels: their registers (about 120 a thread in the packed
-/// kernel, which keeps the next chunk's loads in flight) leave room for 2 blocks of 256
-/// threads; one resident wave lets every warp loop over many chunks, keeping its software
-/// pipeline full, and the kernel counts finished blocks with one atomic each.
-const FWD_BLOCKS_PER_SM: u32 = 2;
+/// The forward kernels run one resident wave (as many blocks per SM as their registers
+/// allow: 3 for the packed kernel, which `build.rs` holds at 80 registers): every warp loops
+/// over many chunks, drawing one chunk's randoms while its loads are in flight, and the
+/// kernel counts finished blocks with one atomic each.
 /// Blocks per SM of the backward kernels (about 40 registers: a full SM).
 const BWD_BLOCKS_PER_SM: u32 = 2048 / BLOCK_THREADS;
 
@@ -345,7 +344,11 @@ pub fn dropout_forward(
             unsafe {
                 gpu.launch(
                     kernel,
-                    warp_grid(warps, gpu.sm_count, FWD_BLOCKS_PER_SM)?,
+                    warp_grid(
+                        warps,
+                        gpu.sm_count,
+                        gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?,
+                    )?,
                     &p,
                     &ptrs,
                 )
