@@ -831,6 +831,17 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => None,
             };
+            // Over channel vectors, the max cell kernels are compiled for square 2-D
+            // windows (or a depth window of 1, unpadded) of 2x2 and 3x3 at stride 2, any
+            // padding.
+            let shaped_cell_vec = match (window, stride, padding) {
+                (&[1, a, b], &[1, 2, 2], &[0, _, _]) | (&[a, b], &[2, 2], _)
+                    if a == b && (a == 2 || a == 3) =>
+                {
+                    Some(format!("{a}x{a}s2"))
+                }
+                _ => None,
+            };
             // Over single channels, the tile backward of 2-D windows (a depth window of 1
             // at stride 1, unpadded) takes bands of rows, in kernels of their own for 2x2
             // unpadded along w and 3x3 unpadded or padded by 1, at stride 1.
@@ -894,7 +905,11 @@ fn gpu_every_kernel_matches_the_reference() {
                             let b = b.unwrap();
                             let family = format!("{algo:?}").to_lowercase();
                             let m = if mode.is_max() { "max" } else { "avg" };
-                            let want = if vec {
+                            let want = if let (true, PoolingBwdAlgo::Cell, "max", Some(shape)) =
+                                (vec, algo, m, &shaped_cell_vec)
+                            {
+                                format!("pooling_bwd_cell_vec_max_{shape}_{dt}")
+                            } else if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
                             } else if let (PoolingBwdAlgo::Cell, "max", Some(shape)) =
                                 (algo, m, &shaped_cell)
@@ -1075,6 +1090,150 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
     );
 }
 
+/// The max cell kernels over channel vectors (`pooling_bwd_cell_vec_max_<W>x<W>s2_*`)
+/// against the reference: cells cut by the input's edges (odd and prime extents, windows
+/// hanging past them with and without padding, rows and columns of x in no window),
+/// channels of one vector and of several that are not whole 16-byte vectors (12: only the
+/// forced cell algorithm takes them), a 3-D window of depth 1, channel-contiguous tensors
+/// with gaps between pixels, ties, NaNs and an alpha/beta blend, in both max modes and
+/// every dtype. The default algorithm takes them where C fills 16-byte vectors.
+#[test]
+fn gpu_cell_vec_backward_matches_the_reference() {
+    with_gpu("gpu_cell_vec_backward_matches_the_reference", |h| {
+        // Channels innermost, then w, h, (d,) n; pixels `c + 4` elements apart.
+        let gapped = |dt: DataType, dims: &[usize]| {
+            let mut strides = vec![0; dims.len()];
+            strides[1] = 1;
+            let mut s = dims[1] + 4;
+            for d in (2..dims.len()).rev() {
+                strides[d] = s;
+                s *= dims[d];
+            }
+            strides[0] = s;
+            TensorDescriptor::new(dt, dims, &strides).unwrap()
+        };
+        // (window, padding, stride, dims, gaps in x and dx, kernel shape)
+        type Case = (
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            bool,
+            &'static str,
+        );
+        let cases: [Case; 9] = [
+            (&[3, 3], &[1, 1], &[2, 2], &[2, 16, 17, 19], false, "3x3s2"),
+            (&[3, 3], &[0, 0], &[2, 2], &[2, 4, 13, 10], false, "3x3s2"),
+            (&[3, 3], &[1, 0], &[2, 2], &[1, 12, 7, 11], false, "3x3s2"),
+            (&[3, 3], &[0, 1], &[2, 2], &[3, 8, 5, 5], false, "3x3s2"),
+            (&[3, 3], &[1, 1], &[2, 2], &[2, 8, 9, 6], true, "3x3s2"),
+            (&[2, 2], &[0, 0], &[2, 2], &[2, 16, 9, 11], false, "2x2s2"),
+            (&[2, 2], &[1, 1], &[2, 2], &[1, 4, 6, 7], false, "2x2s2"),
+            (&[2, 2], &[1, 0], &[2, 2], &[2, 8, 5, 8], true, "2x2s2"),
+            (
+                &[1, 3, 3],
+                &[0, 1, 1],
+                &[1, 2, 2],
+                &[2, 8, 3, 9, 10],
+                false,
+                "3x3s2",
+            ),
+        ];
+        for (window, padding, stride, dims, gaps, shape) in cases {
+            for mode in [PoolingMode::Max, PoolingMode::MaxDeterministic] {
+                let pool =
+                    PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
+                for dt in DataType::GPU {
+                    for (data, ab) in [
+                        (Data::Uniform, (1.0, 0.0)),
+                        (Data::SmallIntegers, (1.0, 0.0)),
+                        (Data::WithNan, (1.0, 0.0)),
+                        (Data::Uniform, (-1.5, 0.25)),
+                    ] {
+                        let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
+                        if gaps {
+                            p.x = gapped(dt, dims);
+                        }
+                        let kernel = format!("pooling_bwd_cell_vec_max_{shape}_{dt}");
+                        let algo = PoolingBwdAlgo::Cell;
+                        let b =
+                            pooling_backward_kernel(h, Some(algo), &p.pool, &p.x, &p.y, &p.y, &p.x);
+                        assert_eq!(b.unwrap(), kernel, "{p:?}");
+                        check_backward(h, &p, Some(algo));
+                        // Where C fills 16-byte vectors of the dtype, the default too.
+                        if !gaps && dims[1] % (16 / dt.size_bytes()) == 0 {
+                            let b =
+                                pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x);
+                            assert_eq!(b.unwrap(), kernel, "default of {p:?}");
+                            check_backward(h, &p, None);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A depth window of 1 at a depth stride larger than the depth leaves one output plane and
+/// x planes in no window, which take no gradient: the kernels compiled for 2-D windows,
+/// which pool each x plane into the y plane of the same depth, must not take them (a
+/// proptest case once sent one to the stride-1 band kernel, whose later planes read y
+/// planes that do not exist). Every backward algorithm, both layouts, against the reference.
+#[test]
+fn gpu_depth_planes_in_no_window_take_no_gradient() {
+    with_gpu("gpu_depth_planes_in_no_window_take_no_gradient", |h| {
+        // (window, padding, stride, dims, layout)
+        type Case = ([usize; 3], [usize; 3], [usize; 3], &'static [usize], Layout);
+        let cases: [Case; 3] = [
+            (
+                [1, 3, 3],
+                [0, 0, 1],
+                [3, 1, 3],
+                &[2, 2, 3, 8, 2],
+                Layout::ChannelsFirst,
+            ),
+            (
+                [1, 3, 3],
+                [0, 1, 1],
+                [3, 2, 2],
+                &[2, 3, 3, 9, 10],
+                Layout::ChannelsFirst,
+            ),
+            (
+                [1, 3, 3],
+                [0, 1, 1],
+                [4, 2, 2],
+                &[2, 8, 3, 9, 10],
+                Layout::ChannelsLast,
+            ),
+        ];
+        for (window, padding, stride, dims, layout) in cases {
+            let pool =
+                PoolingDescriptor::new_nd(PoolingMode::Max, PROPAGATE, &window, &padding, &stride)
+                    .unwrap();
+            for dt in DataType::GPU {
+                for data in [Data::Uniform, Data::SmallIntegers] {
+                    let p = dense_problem(pool, dt, dims, layout, data, (1.0, 0.0));
+                    assert_eq!(p.y.dims()[2], 1, "{p:?}");
+                    check_backward(h, &p, None);
+                    for algo in PoolingBwdAlgo::ALL {
+                        let b =
+                            pooling_backward_kernel(h, Some(algo), &p.pool, &p.x, &p.y, &p.y, &p.x);
+                        match b {
+                            Err(Error::NotSupported { .. }) => continue,
+                            b => {
+                                let b = b.unwrap();
+                                assert!(!b.contains("band") && !b.contains("x3s"), "{b} for {p:?}");
+                            }
+                        }
+                        check_backward(h, &p, Some(algo));
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn gpu_headline_shapes_take_the_fast_paths() {
     with_gpu("gpu_headline_shapes_take_the_fast_paths", |h| {
@@ -1090,7 +1249,7 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F16,
                 Layout::ChannelsLast,
                 "pooling_fwd_window_vec_f16",
-                "pooling_bwd_tile_vec_max_f16",
+                "pooling_bwd_cell_vec_max_3x3s2_f16",
             ),
         ] {
             let x = TensorDescriptor::spatial(dt, 32, 64, &[112, 112], layout).unwrap();

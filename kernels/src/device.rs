@@ -580,6 +580,25 @@ pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
     out
 }
 
+/// Whether each half of `a` equals the same half of `b` as f16 values (`==`: NaN equals
+/// nothing, +0 equals -0), `[low, high]`: one `HSETP2` for two comparisons.
+#[inline(always)]
+pub fn eq_f16x2(a: u32, b: u32) -> [bool; 2] {
+    let (lo, hi): (u32, u32);
+    // SAFETY: register-only comparison.
+    unsafe {
+        asm!(
+            "{{ .reg .pred p, q;",
+            "setp.eq.f16x2 p|q, {a}, {b};",
+            "selp.u32 {lo}, 1, 0, p;",
+            "selp.u32 {hi}, 1, 0, q; }}",
+            lo = out(reg32) lo, hi = out(reg32) hi, a = in(reg32) a, b = in(reg32) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    [lo != 0, hi != 0]
+}
+
 /// Two f32 -> two bfloat16 packed in one word (`lo` in the low half), round to nearest even.
 #[inline(always)]
 pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {

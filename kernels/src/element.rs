@@ -101,6 +101,14 @@ pub trait Element: Copy {
 
     /// Raw words holding `K` elements.
     fn pack<const K: usize>(v: [f32; K]) -> Vec16;
+
+    /// Element-wise `a == b` (NaN equals nothing, +0 equals -0) of `K` elements each, as
+    /// raw words from [`Element::load_raw`].
+    #[inline(always)]
+    fn equal<const K: usize>(a: Vec16, b: Vec16) -> [bool; K] {
+        let (a, b) = (Self::unpack::<K>(a), Self::unpack::<K>(b));
+        core::array::from_fn(|k| a[k] == b[k])
+    }
 }
 
 #[inline(always)]
@@ -132,7 +140,7 @@ impl Element for f32 {
 /// Implements [`Element`] for a 16-bit type stored as `u16` bits, given its scalar
 /// conversions and its paired f32x2 -> 16x2 conversion (one instruction for two).
 macro_rules! half_element {
-    ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path) => {
+    ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path $(, $pair_equal:path)?) => {
         impl Element for $t {
             const LOW_PRECISION: bool = true;
 
@@ -167,6 +175,13 @@ macro_rules! half_element {
             unsafe fn store_pair(p: *mut Self, v: [f32; 2]) {
                 *(p as *mut u32) = $pair_from_f32(v[0], v[1]);
             }
+            $(
+                /// Two elements a comparison, as they are packed.
+                #[inline(always)]
+                fn equal<const K: usize>(a: Vec16, b: Vec16) -> [bool; K] {
+                    core::array::from_fn(|k| $pair_equal(a[(k / 2) % 4], b[(k / 2) % 4])[k % 2])
+                }
+            )?
         }
     };
 }
@@ -175,7 +190,8 @@ half_element!(
     F16,
     device::f16_to_f32,
     device::f32_to_f16,
-    device::f32x2_to_f16x2
+    device::f32x2_to_f16x2,
+    device::eq_f16x2
 );
 half_element!(
     Bf16,

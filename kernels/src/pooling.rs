@@ -24,6 +24,10 @@
 //!   2-D windows of 2x2 or 3x3 at strides 1 or 2 and their usual paddings along w, a thread
 //!   per two cells' rows and columns: all their windows and the x region they cover loaded
 //!   at once, dx stored as a vector a row.
+//! - `pooling_bwd_cell_vec_max_<W>x<W>s<S>_*`: the max cell kernel over channel vectors
+//!   compiled for square 2-D windows of 2x2 and 3x3 at stride 2 (any padding): a thread
+//!   per cell and vector, each row of its windows loaded at once, the winners found in
+//!   registers.
 //! - `pooling_bwd_strip_avg_2x2s2_*`: the average backward of non-overlapping 2x2 windows
 //!   over dx rows contiguous along w in 16-byte vectors (NCHW): a thread per vector of
 //!   dx columns, its windows' dy read together, dx written as vectors.
@@ -45,7 +49,7 @@ use crate::activation::blend;
 use crate::device::{
     block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, grid_stride,
     group_reduce, lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan,
-    shfl_xor_f32, st_shared_u32, st_shared_v4, sync_threads, thread_idx_x,
+    shfl_xor_f32, st_shared_u32, st_shared_v4, sync_threads, thread_idx_x, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -1041,6 +1045,182 @@ unsafe fn bwd_cell_region<
     })
 }
 
+/// What a thread of [`bwd_cell_region_vec`] knows of its cell: the region of x its `P x P`
+/// windows cover (`R x R` positions from the first window's start, clamped into x, with
+/// whether each is inside), which windows exist, and their y (unpacked) and dy (as loaded).
+struct RegionCell<T, const K: usize, const P: usize, const R: usize> {
+    /// x at the cell's `(n, c, depth)`, and its h and w strides.
+    x: *const T,
+    x_strides: [u32; 2],
+    /// The region's rows and columns (clamped), and whether each is inside x.
+    rows: ([u32; R], [bool; R]),
+    cols: ([u32; R], [bool; R]),
+    /// Whether each row and column of windows is inside y.
+    windows_in: ([bool; P], [bool; P]),
+    /// The windows' y, as loaded and unpacked, and their dy as loaded.
+    y_raw: [[Vec16; P]; P],
+    y: [[[f32; K]; P]; P],
+    dy: [[Vec16; P]; P],
+}
+
+impl<T: Element, const K: usize, const P: usize, const R: usize> RegionCell<T, K, P, R> {
+    /// The gradient of the cell's `S x S` elements from its `WIN x WIN` windows at stride
+    /// `S`; `NAN`: whether a NaN x must count as equal to a NaN y (some y is NaN).
+    ///
+    /// Row of windows by row of windows: the x rows they cover are loaded together, then
+    /// each window's winner (its first in-bounds element equal to its y, per channel) is
+    /// found in registers, and its dy goes to the winner where that is one of the cell's
+    /// elements (which of a window's elements are the cell's is known at compile time).
+    ///
+    /// # Safety
+    /// Every clamped region position is readable in x.
+    #[inline(always)]
+    unsafe fn grads<const WIN: usize, const S: usize, const NAN: bool>(
+        &self,
+    ) -> [[[f32; K]; S]; S] {
+        // The cell's positions in the region, per dim, start after the first P - 1 windows'.
+        let own = (P - 1) * S;
+        let ((row, row_in), (col, col_in)) = (self.rows, self.cols);
+        let mut acc = [[[0.0f32; K]; S]; S];
+        crate::unrolled!(a in P => {
+            let xs: [[Vec16; R]; WIN] = core::array::from_fn(|r| {
+                core::array::from_fn(|q| {
+                    let at = row[a * S + r] * self.x_strides[0] + col[q] * self.x_strides[1];
+                    T::load_raw::<K>(self.x.add(at as usize), true)
+                })
+            });
+            crate::unrolled!(b in P => {
+                let (yw, gw) = (self.y[a][b], T::unpack::<K>(self.dy[a][b]));
+                let y_raw = self.y_raw[a][b];
+                // The winner as `r * WIN + q`: scanned in reverse, the last match is the
+                // first in scan order (`u32::MAX` where none is).
+                let mut winner = [u32::MAX; K];
+                crate::unrolled!(rr in WIN => crate::unrolled!(qq in WIN => {
+                    let (r, q) = (WIN - 1 - rr, WIN - 1 - qq);
+                    let (ur, uq) = (a * S + r, b * S + q);
+                    let inside = row_in[ur] & col_in[uq];
+                    // Without NaN y, the same value is `==`, compared as loaded (two f16 an
+                    // instruction).
+                    let same: [bool; K] = if NAN {
+                        let xv = T::unpack::<K>(xs[r][uq]);
+                        core::array::from_fn(|k| same_value(xv[k], yw[k]))
+                    } else {
+                        T::equal::<K>(xs[r][uq], y_raw)
+                    };
+                    for k in 0..K {
+                        if inside & same[k] {
+                            winner[k] = (r * WIN + q) as u32;
+                        }
+                    }
+                }));
+                let valid = self.windows_in.0[a] & self.windows_in.1[b];
+                crate::unrolled!(r in WIN => crate::unrolled!(q in WIN => {
+                    let (ur, uq) = (a * S + r, b * S + q);
+                    if (own..own + S).contains(&ur) && (own..own + S).contains(&uq) {
+                        for k in 0..K {
+                            if valid & (winner[k] == (r * WIN + q) as u32) {
+                                acc[ur - own][uq - own][k] += gw[k];
+                            }
+                        }
+                    }
+                }));
+            });
+        });
+        acc
+    }
+}
+
+/// Max backward of square 2-D windows, `WIN x WIN` elements at strides `S x S` (any
+/// padding; the depth window 1 at stride 1), over channel vectors (every operand
+/// channel-contiguous, `CELL_VECTOR` channels a thread): a thread per cell (the `S x S` dx
+/// positions from the start of a window) and vector, as [`bwd_cell`] with the window
+/// shape compiled in.
+///
+/// `P = ceil(WIN / S)` windows per dim overlap a cell, covering `R = (P - 1) * S + WIN` x
+/// positions per dim; [`RegionCell::grads`] finds their winners in registers. ([`bwd_cell`]
+/// walks each window with runtime loops, a round trip to memory a window; the
+/// shared-memory tile kernel divides every index.) Each of the cell's positions is one
+/// vector store.
+///
+/// # Safety
+/// As `pooling_bwd_cell_vec_max_*`, with the window as above (`window = [1, WIN, WIN]`,
+/// `stride = [1, S, S]`, `pad[0] = 0`) and x and y of the same depth: checked by the host.
+#[inline(always)]
+unsafe fn bwd_cell_region_vec<
+    T: Element,
+    const WIN: usize,
+    const S: usize,
+    const P: usize,
+    const R: usize,
+>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const K: usize = CELL_VECTOR;
+    const { assert!(P == WIN.div_ceil(S) && R == (P - 1) * S + WIN && S <= WIN) };
+    // The cell's positions in the region, per dim, start after the first P - 1 windows'.
+    let own = (P - 1) * S;
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let [depth, cell_h, cell_w] = s;
+        let c = c * K as u32;
+        // The first window over the cell, per dim; the windows and the region's rows and
+        // columns, clamped into y and x (a clamped element re-reads an edge one and never
+        // wins; a clamped window adds nothing).
+        let first = [
+            cell_h as i32 - (P - 1) as i32,
+            cell_w as i32 - (P - 1) as i32,
+        ];
+        let (window_row, window_row_in) = clamped::<P>(first[0], w.output[1]);
+        let (window_col, window_col_in) = clamped::<P>(first[1], w.output[2]);
+        let (row, row_in) = clamped::<R>(first[0] * S as i32 - w.pad[1] as i32, w.input[1]);
+        let (col, col_in) = clamped::<R>(first[1] * S as i32 - w.pad[2] as i32, w.input[2]);
+        let per_window = |t: *const T, strides: &[u32; 5]| -> [[Vec16; P]; P] {
+            core::array::from_fn(|a| {
+                core::array::from_fn(|b| {
+                    let o = [depth, window_row[a], window_col[b]];
+                    let at = row_offset(strides, n, c) + spatial_offset(strides, o);
+                    T::load_raw::<K>(t.add(at as usize), true)
+                })
+            })
+        };
+        let (yv, g) = (per_window(y, &p.y), per_window(dy, &p.dy));
+        let cell = RegionCell::<T, K, P, R> {
+            x: x.add((row_offset(&p.x, n, c) + depth * p.x[2]) as usize),
+            x_strides: [p.x[3], p.x[4]],
+            rows: (row, row_in),
+            cols: (col, col_in),
+            windows_in: (window_row_in, window_col_in),
+            y_raw: yv,
+            y: core::array::from_fn(|a| core::array::from_fn(|b| T::unpack::<K>(yv[a][b]))),
+            dy: g,
+        };
+        // Without a NaN among the windows' y, equal is `==`, a third of the work.
+        let mut nan = false;
+        crate::unrolled!(a in P => crate::unrolled!(b in P => {
+            for k in 0..K {
+                nan |= cell.y[a][b][k] != cell.y[a][b][k];
+            }
+        }));
+        let acc = if nan {
+            cell.grads::<WIN, S, true>()
+        } else {
+            cell.grads::<WIN, S, false>()
+        };
+        let dx_base = row_offset(&p.dx, n, c) + depth * p.dx[2];
+        crate::unrolled!(r in S => crate::unrolled!(q in S => {
+            if row_in[own + r] & col_in[own + q] {
+                let at = dx_base + row[own + r] * p.dx[3] + col[own + q] * p.dx[4];
+                store_blended::<T, K>(w, dx.add(at as usize), acc[r][q]);
+            }
+        }));
+    })
+}
+
 /// Average backward of non-overlapping, unpadded 2-D windows, `S x S` at stride `S` (the
 /// depth window 1 at stride 1), over dx whose rows are contiguous along w in whole 16-byte
 /// vectors of `V` elements: a thread per vector of dx columns and row of windows, which
@@ -1735,6 +1915,31 @@ macro_rules! cell_region_entry_points {
 }
 
 crate::for_each_dtype!(cell_region_entry_points);
+
+/// The compile-time window shapes of `pooling_bwd_cell_vec_max_<W>x<W>s<S>_*`
+/// ([`bwd_cell_region_vec`]): window and stride, the windows over a cell per dim, and the x
+/// positions they cover per dim.
+macro_rules! cell_region_vec_entry_points {
+    ($dt:ident, $T:ty) => {
+        cell_region_vec_entry_points!(@each $dt, $T, (2, 2, 1, 2) (3, 2, 2, 5));
+    };
+    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $p:literal, $r:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_bwd_cell_vec_max_*`, for 2-D windows of the size and stride in
+            /// the name (`window = [1, W, W]`, `stride = [1, S, S]`, `pad[0] = 0`) and x
+            /// and y of the same depth.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_max_ $win x $win s $s _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell_region_vec::<$T, $win, $s, $p, $r>(&p, x, y, dy, dx)
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(cell_region_vec_entry_points);
 
 /// The compile-time window shapes of `pooling_bwd_band_max_<W>x<W>s1p<P>_*`
 /// ([`bwd_band_max_s1`]): the (square) window and the padding along w.

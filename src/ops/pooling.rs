@@ -586,6 +586,15 @@ impl Geometry {
         self.window.iter().product()
     }
 
+    /// Whether each depth plane of x is one depth plane of y, pooled in 2-D: the depth window
+    /// 1, unpadded, at stride 1. (Where the output has one depth plane, [`Geometry::new`]
+    /// sets the depth stride to 1 whatever the descriptor's, so the extents must also
+    /// agree: x planes past the first window would otherwise read y planes that do not
+    /// exist.) The kernels compiled for 2-D window shapes ask for it.
+    fn planes_pass_through(&self) -> bool {
+        self.window[0] == 1 && self.pad[0] == 0 && self.input[0] == self.output[0]
+    }
+
     /// Whether the window covers the whole spatial extent without padding.
     fn is_global(&self) -> bool {
         (0..3).all(|k| self.window[k] == self.input[k] && self.pad[k] == 0)
@@ -954,7 +963,7 @@ fn windows_per_cell(g: &Geometry) -> [usize; 3] {
 /// window) and stores each row of the run as a vector where dx allows.
 fn cell_region_kernel(g: &Geometry, dtype: DataType) -> Option<(&'static str, usize)> {
     let square = g.window[1] == g.window[2] && g.stride[1] == g.stride[2];
-    if !square || g.window[0] != 1 || g.stride[0] != 1 || g.pad[0] != 0 {
+    if !square || !g.planes_pass_through() {
         return None;
     }
     let kernel = match (g.window[2], g.stride[2], g.pad[2]) {
@@ -966,6 +975,28 @@ fn cell_region_kernel(g: &Geometry, dtype: DataType) -> Option<(&'static str, us
         _ => None,
     }?;
     Some((kernel, POOLING_REGION_CELLS * g.stride[2]))
+}
+
+/// The window shape of the max backward cell kernels over channel vectors, `(window,
+/// stride)`, if they have this one: square 2-D windows of 2x2 or 3x3 at stride 2 (any
+/// padding), the depth window 1 unpadded. A thread per cell and vector of
+/// `POOLING_CELL_VECTOR` channels finds the winners of the windows over its cell in
+/// registers (`bwd_cell_region_vec`), where the generic cell kernel walks each window with
+/// runtime loops.
+fn cell_region_vec_shape(g: &Geometry) -> Option<(usize, usize)> {
+    let square = g.window[1] == g.window[2] && g.stride[1] == g.stride[2];
+    let shape = (g.window[2], g.stride[2]);
+    let compiled = matches!(shape, (2, 2) | (3, 2));
+    (square && compiled && g.planes_pass_through()).then_some(shape)
+}
+
+/// The kernel of [`cell_region_vec_shape`].
+fn cell_region_vec_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
+    match cell_region_vec_shape(g)? {
+        (2, 2) => kernels::pooling_bwd_cell_vec_max_2x2s2(dtype),
+        (3, 2) => kernels::pooling_bwd_cell_vec_max_3x3s2(dtype),
+        _ => None,
+    }
 }
 
 /// The average backward strip kernel compiled for this window, if there is one, and the
@@ -1004,8 +1035,11 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// The algorithm [`pooling_backward`] runs (`vectors`: the operands take the 16-byte
 /// channel-vector kernels), as measured on an H100 (`benches/pooling_vs_cudnn.rs` with
 /// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
-/// elements) and not global: over channel vectors, shared-memory tiles (each window scanned
-/// once for all the cells it overlaps: 1.4x faster than cells on 3x3/s2 f16 NHWC); over
+/// elements) and not global: over channel vectors, a thread per cell where a cell kernel
+/// is compiled for the window shape (winners found in registers: 89 against 150 µs for the
+/// tiles on 3x3/s2 f16 NHWC, 88 against 149 on 2x2/s2), else shared-memory tiles (each
+/// window scanned once for all the cells it overlaps: 1.4x faster than the generic cells
+/// on 3x3/s2 f16 NHWC); over
 /// single channels, bands of rows for the stride-1 windows with band kernels of their own
 /// (each x element staged once, where a cell kernel's threads each reload their windows':
 /// 61 against 112 µs on 3x3/s1/p1 f32 NCHW), a thread per cell where cells are small (a
@@ -1020,6 +1054,8 @@ fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> Poo
     if pooling.mode.is_max() {
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
+        } else if vectors && cell_region_vec_shape(g).is_some() {
+            PoolingBwdAlgo::Cell
         } else if !vectors && band_s1_shape(g).is_some() && band_plan(g).is_some() {
             PoolingBwdAlgo::Tile
         } else if !vectors && cell <= POOLING_MAX_CELL {
@@ -1095,7 +1131,7 @@ const BAND_ELEMENTS: usize = 8 * BLOCK_THREADS as usize;
 /// halved while the x rows its windows cover and their y and dy take more than
 /// `BAND_MAX_SHARED_BYTES`. `None` if one row's do.
 fn band_plan(g: &Geometry) -> Option<PoolBand> {
-    if g.window[0] != 1 || g.stride[0] != 1 || g.pad[0] != 0 {
+    if !g.planes_pass_through() {
         return None;
     }
     let (height, width, out_width) = (g.input[1], g.input[2], g.output[2]);
@@ -1134,7 +1170,8 @@ fn band_s1_shape(g: &Geometry) -> Option<(usize, usize)> {
     let w = g.window[2];
     let shape = (w, g.pad[2]);
     let compiled = matches!(shape, (2, 0) | (3, 0) | (3, 1));
-    (compiled && g.window == [1, w, w] && g.stride == [1; 3] && g.pad[0] == 0).then_some(shape)
+    (compiled && g.window == [1, w, w] && g.stride == [1; 3] && g.planes_pass_through())
+        .then_some(shape)
 }
 
 /// The band kernel for this window: compiled for its shape, or the general one.
@@ -1204,7 +1241,9 @@ fn backward_plan(
         (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
         (Tile, false, _) if band.is_some() => band_kernel(g, dtype),
         (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
-        (Cell, true, true) => kernels::pooling_bwd_cell_vec_max(dtype),
+        (Cell, true, true) => {
+            cell_region_vec_kernel(g, dtype).or_else(|| kernels::pooling_bwd_cell_vec_max(dtype))
+        }
         (Cell, true, false) => kernels::pooling_bwd_cell_vec_avg(dtype),
         (Cell, false, _) if shaped.is_some() => shaped.map(|(k, _)| k),
         (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
