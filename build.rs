@@ -138,14 +138,19 @@ fn fail(message: &str) -> ! {
 }
 
 /// Where the nested kernel builds keep their target directories: `oxidnn-kernels/` in the
-/// outer target directory (`OUT_DIR` is `<target>/<profile>/build/oxidnn-<hash>/out`), so
-/// that the debug, release, test and bench builds, whose build scripts each get an
-/// `OUT_DIR` of their own, share one kernel build (always its release profile) instead of
-/// compiling the kernels crate once each. Cargo's lock on the directory serialises outer
-/// builds that run at once; the nested cargo rebuilds when the sources or the arch change
-/// (`-Ctarget-cpu` is part of its fingerprint), and is a no-op otherwise.
+/// outer profile's directory (`OUT_DIR` is `<target>/<profile>/build/oxidnn-<hash>/out`),
+/// so that the builds of one profile with other features (tests, benches, the vendor-bench
+/// features, clippy), whose build scripts each get an `OUT_DIR` of their own, share one
+/// kernel build (always its release profile) instead of compiling the kernels crate once
+/// each. Each outer profile keeps its own: a debug build after a release one found a
+/// directory shared by both out of date (the build scripts of the two profiles run with
+/// different environments) and rebuilt it, which at every switch between `cargo test` and
+/// `cargo test --release` would cost a whole kernel build. Cargo's lock
+/// on the directory serialises outer builds that run at once; the nested cargo rebuilds
+/// when the sources or the arch change (`-Ctarget-cpu` is part of its fingerprint), and
+/// is a no-op otherwise.
 fn kernels_target_root(out: &Path) -> PathBuf {
-    out.ancestors().nth(4).unwrap_or(out).join("oxidnn-kernels")
+    out.ancestors().nth(3).unwrap_or(out).join("oxidnn-kernels")
 }
 
 /// A nested kernel build in progress.
