@@ -635,6 +635,26 @@ fn dense_problem(
     }
 }
 
+/// The inputs every kernel is checked on: uniform data, small integers (ties, exact sums),
+/// NaNs, each unblended, and uniform data under an alpha/beta blend.
+const DATA_AND_BLENDS: [(Data, (f64, f64)); 4] = [
+    (Data::Uniform, (1.0, 0.0)),
+    (Data::SmallIntegers, (1.0, 0.0)),
+    (Data::WithNan, (1.0, 0.0)),
+    (Data::Uniform, (-1.5, 0.25)),
+];
+
+/// A backward case of the kernel tests: window, padding, stride, dims, whether x and dx
+/// have gaps between elements, and the kernel (or its shape) the case must take.
+type KernelCase = (
+    &'static [usize],
+    &'static [usize],
+    &'static [usize],
+    &'static [usize],
+    bool,
+    &'static str,
+);
+
 /// Every kernel, forward and each backward algorithm, on shapes that reach it: global and
 /// windowed, channels first and last (vectorised where C allows), 1-D to 3-D, overlapping
 /// and disjoint windows, against the reference for every mode and dtype.
@@ -865,13 +885,7 @@ fn gpu_every_kernel_matches_the_reference() {
                 let pool =
                     PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
                 for dt in DataType::GPU {
-                    let unblended = (1.0, 0.0);
-                    for (data, ab) in [
-                        (Data::Uniform, unblended),
-                        (Data::SmallIntegers, unblended),
-                        (Data::WithNan, unblended),
-                        (Data::Uniform, (-1.5, 0.25)),
-                    ] {
+                    for (data, ab) in DATA_AND_BLENDS {
                         let p = dense_problem(pool, dt, dims, layout, data, ab);
                         let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
                         assert_eq!(f, format!("{fwd}{dt}"), "forward kernel of {p:?}");
@@ -948,16 +962,7 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
                 let row = 2 * w + 5;
                 TensorDescriptor::new(dt, dims, &[c * height * row, height * row, row, 2]).unwrap()
             };
-            // (window, padding, stride, dims, gaps in x and dx, kernel)
-            type Case = (
-                &'static [usize],
-                &'static [usize],
-                &'static [usize],
-                &'static [usize],
-                bool,
-                &'static str,
-            );
-            let cases: [Case; 12] = [
+            let cases: [KernelCase; 12] = [
                 // 2048 / 300 = 6 rows a band: 5 bands, the last of 5 rows.
                 (
                     &[3, 3],
@@ -1051,12 +1056,7 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
                     let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride)
                         .unwrap();
                     for dt in DataType::GPU {
-                        for (data, ab) in [
-                            (Data::Uniform, (1.0, 0.0)),
-                            (Data::SmallIntegers, (1.0, 0.0)),
-                            (Data::WithNan, (1.0, 0.0)),
-                            (Data::Uniform, (-1.5, 0.25)),
-                        ] {
+                        for (data, ab) in DATA_AND_BLENDS {
                             let mut p =
                                 dense_problem(pool, dt, dims, Layout::ChannelsFirst, data, ab);
                             if gaps {
@@ -1112,16 +1112,7 @@ fn gpu_cell_vec_backward_matches_the_reference() {
             strides[0] = s;
             TensorDescriptor::new(dt, dims, &strides).unwrap()
         };
-        // (window, padding, stride, dims, gaps in x and dx, kernel shape)
-        type Case = (
-            &'static [usize],
-            &'static [usize],
-            &'static [usize],
-            &'static [usize],
-            bool,
-            &'static str,
-        );
-        let cases: [Case; 9] = [
+        let cases: [KernelCase; 9] = [
             (&[3, 3], &[1, 1], &[2, 2], &[2, 16, 17, 19], false, "3x3s2"),
             (&[3, 3], &[0, 0], &[2, 2], &[2, 4, 13, 10], false, "3x3s2"),
             (&[3, 3], &[1, 0], &[2, 2], &[1, 12, 7, 11], false, "3x3s2"),
@@ -1144,12 +1135,7 @@ fn gpu_cell_vec_backward_matches_the_reference() {
                 let pool =
                     PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
                 for dt in DataType::GPU {
-                    for (data, ab) in [
-                        (Data::Uniform, (1.0, 0.0)),
-                        (Data::SmallIntegers, (1.0, 0.0)),
-                        (Data::WithNan, (1.0, 0.0)),
-                        (Data::Uniform, (-1.5, 0.25)),
-                    ] {
+                    for (data, ab) in DATA_AND_BLENDS {
                         let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
                         if gaps {
                             p.x = gapped(dt, dims);
