@@ -248,10 +248,6 @@ fn logical_map(dims: &[usize], strides: [&[usize]; 2]) -> Result<IndexMap<2>> {
     index_map(&out_dims, &out_strides)
 }
 
-/// The forward kernels run one resident wave (as many blocks per SM as their registers
-/// allow: 3 for the packed kernel, which `build.rs` holds at 80 registers): every warp loops
-/// over many chunks, drawing one chunk's randoms while its loads are in flight, and the
-/// kernel counts finished blocks with one atomic each.
 /// Blocks per SM of the backward kernels (about 40 registers: a full SM).
 const BWD_BLOCKS_PER_SM: u32 = 2048 / BLOCK_THREADS;
 
@@ -337,6 +333,11 @@ pub fn dropout_forward(
                 device_ptr_mut(gpu, y)?,
                 device_ptr_mut(gpu, reserve_space)?,
             ];
+            // One resident wave, as many blocks per SM as the kernel's registers allow (3 for
+            // the packed kernel, which `build.rs` holds at 80 registers): every warp loops over
+            // many chunks, drawing one chunk's randoms while its loads are in flight, and the
+            // kernel counts finished blocks with one atomic each.
+            let blocks_per_sm = gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?;
             // SAFETY: states holds a DropoutState (length checked); x and y hold their
             // descriptors' spans and the packed kernel runs only when both are row-major
             // dense (offset i = element i < len), the strided map only produces offsets
@@ -344,11 +345,7 @@ pub fn dropout_forward(
             unsafe {
                 gpu.launch(
                     kernel,
-                    warp_grid(
-                        warps,
-                        gpu.sm_count,
-                        gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?,
-                    )?,
+                    warp_grid(warps, gpu.sm_count, blocks_per_sm)?,
                     &p,
                     &ptrs,
                 )

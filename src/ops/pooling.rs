@@ -979,7 +979,7 @@ fn cell_region_kernel(g: &Geometry, dtype: DataType) -> Option<(&'static str, us
 
 /// The window shape of the max backward cell kernels over channel vectors, `(window,
 /// stride)`, if they have this one: square 2-D windows of 2x2 or 3x3 at stride 2 (any
-/// padding), the depth window 1 unpadded. A thread per cell and vector of
+/// padding), x planes passing through to y planes. A thread per cell and vector of
 /// `POOLING_CELL_VECTOR` channels finds the winners of the windows over its cell in
 /// registers (`bwd_cell_region_vec`), where the generic cell kernel walks each window with
 /// runtime loops.
