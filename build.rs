@@ -283,6 +283,9 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     // The packed dropout forward: three blocks per SM (<= 85 registers: ptxas 12.9 takes
     // 80-88 unbounded, 79-80 bounded with no spills; at four blocks, 64, it spills).
     ("dropout_fwd_packed_", 256, 3),
+    // The LRN backward walk with n = 5 compiled in: three blocks per SM (<= 85 registers;
+    // ptxas 12.9 takes 96 unbounded, 80 bounded with no spills).
+    ("lrn_bwd_walk_n5_", 256, 3),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),

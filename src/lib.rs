@@ -69,8 +69,8 @@ pub use ops::layer_norm::{
     LayerNormDescriptor, NormMode,
 };
 pub use ops::lrn::{
-    lrn_cross_channel_backward, lrn_cross_channel_forward, LrnDescriptor, LRN_MAX_N, LRN_MIN_BETA,
-    LRN_MIN_K, LRN_MIN_N,
+    lrn_cross_channel_backward, lrn_cross_channel_forward, lrn_kernel, LrnDescriptor, LRN_MAX_N,
+    LRN_MIN_BETA, LRN_MIN_K, LRN_MIN_N,
 };
 pub use ops::matmul::{
     find_matmul_algorithm, get_matmul_algorithm, matmul, BiasMode, MathType, MatmulAlgo,

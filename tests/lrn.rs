@@ -227,11 +227,64 @@ fn gpu_nchw_and_nhwc_at_alexnet_like_shapes() {
     });
 }
 
+/// The kernels with the width n = 5 compiled in, the walk (layouts whose channels are not
+/// at unit stride) and the channels-last kernels: channel counts around the window, the
+/// walk's 8-channel groups and the 16-byte runs (windows clipped at both ends, groups and
+/// runs cut short, whole and partial vectors), walks split into segments that start and end
+/// mid-tensor (3 pixels, 3000 channels), channels-last pixels wider than their 32 lanes'
+/// runs, gapped and permuted layouts, every dtype, blending. Widths 4 and 6 keep the ring
+/// walk and the staged channels-last kernels.
+#[test]
+fn gpu_fixed_width_kernels_match_the_reference() {
+    with_gpu("gpu_fixed_width_kernels_match_the_reference", |h| {
+        for dt in DataType::GPU {
+            let mut cases = Vec::new();
+            for layout in [Layout::ChannelsFirst, Layout::ChannelsLast] {
+                for c in [1, 2, 4, 5, 7, 8, 9, 16, 17, 3000] {
+                    let (n, hw) = if c == 3000 { (1, 1) } else { (2, 3) };
+                    cases.push(TensorDescriptor::nchw_with(dt, n, c, hw, 5, layout).unwrap());
+                }
+            }
+            // Rows of 5 padded to 7, planes of 3 rows padded by 2, batches by 1.
+            cases
+                .push(TensorDescriptor::new(dt, &[2, 11, 3, 5], &[11 * 23 + 1, 23, 7, 1]).unwrap());
+            // N, H, C, W order: channels 5 elements apart.
+            cases.push(TensorDescriptor::new(dt, &[2, 11, 3, 5], &[165, 5, 55, 1]).unwrap());
+            // Channels last with pixels 9 elements apart (no 16-byte runs).
+            cases.push(TensorDescriptor::new(dt, &[2, 8, 3, 5], &[135, 1, 45, 9]).unwrap());
+            for (i, d) in cases.into_iter().enumerate() {
+                let channels_last = d.dims()[1] == 1 || d.strides()[1] == 1;
+                let fixed = if channels_last {
+                    "channels_last_n5"
+                } else {
+                    "walk_n5"
+                };
+                for n in [5, 4, 6] {
+                    let lrn = LrnDescriptor::new(n, 1.0, 0.75, 1.0).unwrap();
+                    for backward in [false, true] {
+                        let dir = if backward { "bwd" } else { "fwd" };
+                        let kernel = lrn_kernel(h, &lrn, backward, &d, &d).unwrap();
+                        if n == 5 {
+                            assert_eq!(kernel, format!("lrn_{dir}_{fixed}_{dt}"), "{d:?}");
+                        } else {
+                            assert!(!kernel.contains("_n5_"), "n {n} {d:?}: {kernel}");
+                        }
+                    }
+                    for ab in [(1.0, 0.0), (0.5, -1.5)] {
+                        run(h, &lrn, d, d, ab, i as u64);
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn gpu_long_channel_runs_and_extreme_parameters() {
     with_gpu("gpu_long_channel_runs_and_extreme_parameters", |h| {
         // Many channels: several walk segments per pixel (NCHW), and NHWC too wide to
-        // stage in shared memory (the walk kernel takes it); the smallest k and beta.
+        // stage in shared memory (the walk kernel takes it, but at n = 5 the channels-last
+        // kernel, which stages nothing); the smallest k and beta.
         for (n, alpha, beta, k) in [
             (16, 1.0, 0.75, 1.0),
             (5, 1e-4, 0.75, 2.0),
@@ -327,21 +380,26 @@ fn bad_inputs_are_rejected_with_typed_errors() {
 /// hang or a fault names its kernel (the channels-last kernels once hung: LLVM had
 /// duplicated an aligned barrier into both arms of a branch on pixel validity, see
 /// `device::sync_threads_divergent`); 18 pixels in blocks of 128 leave invalid lanes in a
-/// warp. `OXIDNN_LRN_SMOKE` picks one: walk_fwd, walk_bwd, cl_fwd, cl_bwd.
+/// warp. `OXIDNN_LRN_SMOKE` picks one: walk_fwd, walk_bwd, cl_fwd, cl_bwd (n = 5 compiled
+/// in), ring_fwd, ring_bwd, staged_fwd, staged_bwd (n = 4).
 #[test]
 fn gpu_smoke_each_kernel_once() {
     with_gpu("gpu_smoke_each_kernel_once", |h| {
         let pick = std::env::var("OXIDNN_LRN_SMOKE").unwrap_or_default();
-        let lrn = LrnDescriptor::default();
-        for (name, layout, backward) in [
-            ("walk_fwd", Layout::ChannelsFirst, false),
-            ("walk_bwd", Layout::ChannelsFirst, true),
-            ("cl_fwd", Layout::ChannelsLast, false),
-            ("cl_bwd", Layout::ChannelsLast, true),
+        for (name, n, layout, backward) in [
+            ("walk_fwd", 5, Layout::ChannelsFirst, false),
+            ("walk_bwd", 5, Layout::ChannelsFirst, true),
+            ("ring_fwd", 4, Layout::ChannelsFirst, false),
+            ("ring_bwd", 4, Layout::ChannelsFirst, true),
+            ("cl_fwd", 5, Layout::ChannelsLast, false),
+            ("cl_bwd", 5, Layout::ChannelsLast, true),
+            ("staged_fwd", 4, Layout::ChannelsLast, false),
+            ("staged_bwd", 4, Layout::ChannelsLast, true),
         ] {
             if !pick.is_empty() && pick != name {
                 continue;
             }
+            let lrn = LrnDescriptor::new(n, 1e-4, 0.75, 2.0).unwrap();
             let d = TensorDescriptor::nchw_with(DataType::F32, 2, 8, 3, 3, layout).unwrap();
             let xt = random(d, -2.0, 2.0, &mut rng(1));
             let x = h.upload_tensor(&xt).unwrap();

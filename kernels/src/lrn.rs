@@ -209,6 +209,297 @@ unsafe fn bwd_walk<T: Element>(p: &LrnParams, x: *const T, dy: *const T, dx: *mu
     }
 }
 
+/// A walk's cursor over one operand: the address of channel `m`, moved a channel a step.
+/// Addresses outside the operand are formed (wrapping) but only read where `m` is in
+/// `[0, hi)`.
+#[derive(Clone, Copy)]
+struct Cursor<T> {
+    at: *const T,
+    stride: usize,
+    m: i32,
+    hi: i32,
+}
+
+impl<T: Element> Cursor<T> {
+    /// At channel `m` of the channel run starting at `base`.
+    #[inline(always)]
+    fn new(base: *const T, stride: usize, m: i32, hi: i32) -> Self {
+        let at = base.wrapping_offset(m as isize * stride as isize);
+        Self { at, stride, m, hi }
+    }
+
+    /// Channel `m`'s value (0 outside `[0, hi)`), then a step.
+    #[inline(always)]
+    unsafe fn next(&mut self) -> f32 {
+        // One unsigned compare: a negative m wraps past hi.
+        let v = if (self.m as u32) < self.hi as u32 {
+            T::load(self.at)
+        } else {
+            0.0
+        };
+        self.at = self.at.wrapping_add(self.stride);
+        self.m += 1;
+        v
+    }
+
+    /// The next `U` channels' values, loaded together (with no per-channel test where
+    /// all of them are in `[0, hi)`).
+    #[inline(always)]
+    unsafe fn next_group(&mut self) -> [f32; U] {
+        let mut out = [0.0f32; U];
+        if self.m >= 0 && self.m + U as i32 <= self.hi {
+            crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                out[u] = T::load(self.at.wrapping_add(u * self.stride));
+            });
+            self.at = self.at.wrapping_add(U * self.stride);
+            self.m += U as i32;
+        } else {
+            crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+                out[u] = self.next();
+            });
+        }
+        out
+    }
+}
+
+/// The window of `N` channels a fixed-width walk slides: squares and inputs of its last
+/// `N` channels, as register queues (once unrolled, entering a channel renames registers).
+struct Window<const N: usize> {
+    squares: [f32; N],
+    xs: [f32; N],
+}
+
+impl<const N: usize> Window<N> {
+    /// Channels before the centre (`lb`) and after it (`la`).
+    const BEHIND: usize = (N - 1) / 2;
+    const AHEAD: usize = N - 1 - Self::BEHIND;
+
+    #[inline(always)]
+    fn new() -> Self {
+        Self {
+            squares: [0.0; N],
+            xs: [0.0; N],
+        }
+    }
+
+    #[inline(always)]
+    fn enter(&mut self, x: f32) {
+        self.squares = shift_in(self.squares, x * x);
+        self.xs = shift_in(self.xs, x);
+    }
+
+    /// `s = k + alpha / n * sum x^2` of the centre channel (taken afresh in f32: no
+    /// running sum, so nothing drifts).
+    #[inline(always)]
+    fn scale(&self, p: &LrnParams) -> f32 {
+        let mut sum = 0.0;
+        crate::unrolled!(i in N => sum += self.squares[i]);
+        device::fma(p.alpha_over_n, sum, p.k)
+    }
+
+    /// x of the centre channel.
+    #[inline(always)]
+    fn centre(&self) -> f32 {
+        self.xs[Self::BEHIND]
+    }
+}
+
+/// `q` moved one place towards index 0, `v` entering at the end.
+#[inline(always)]
+fn shift_in<const N: usize>(q: [f32; N], v: f32) -> [f32; N] {
+    core::array::from_fn(|i| if i + 1 < N { q[i + 1] } else { v })
+}
+
+/// The backward's window: x's [`Window`] up to channel m, and `a = dy s^-beta` and
+/// `t = a x / s` of the channels `c - N + 1 ..= c` (c = m - la), the `t` terms of the
+/// gradient of channel j = c - lb.
+struct GradWindow<const N: usize> {
+    x: Window<N>,
+    a: [f32; N],
+    t: [f32; N],
+}
+
+impl<const N: usize> GradWindow<N> {
+    #[inline(always)]
+    fn new() -> Self {
+        Self {
+            x: Window::new(),
+            a: [0.0; N],
+            t: [0.0; N],
+        }
+    }
+
+    /// x of channel m and dy of channel c = m - la enter.
+    #[inline(always)]
+    fn enter(&mut self, p: &LrnParams, x: f32, dy: f32) {
+        self.x.enter(x);
+        let s = self.x.scale(p);
+        let a = dy * pow_neg(s, p.beta);
+        self.a = shift_in(self.a, a);
+        self.t = shift_in(self.t, a * self.x.centre() * device::rcp_approx(s));
+    }
+
+    /// `dx_j = a_j - coef x_j sum_{c = j - la}^{j + lb} t_c`.
+    #[inline(always)]
+    fn gradient(&self, p: &LrnParams) -> f32 {
+        let mut tsum = 0.0;
+        crate::unrolled!(i in N => tsum += self.t[i]);
+        self.a[Window::<N>::AHEAD] - p.grad_coef * self.x.xs[0] * tsum
+    }
+}
+
+/// `alpha * v`, plus `beta * out` where `BLEND` (the fixed-width walks compile their loop
+/// once for `beta = 0`, where the output is write-only, and once for blending).
+#[inline(always)]
+unsafe fn blended<T: Element, const BLEND: bool>(p: &LrnParams, v: f32, out: *mut T) -> f32 {
+    if BLEND {
+        p.blend_alpha * v + p.blend_beta * T::load(out)
+    } else {
+        p.blend_alpha * v
+    }
+}
+
+/// Writes `U` consecutive channels' outputs, `make()` called once per channel (in order)
+/// and its value stored at `out`, which moves a channel each time; where not `FULL`, only
+/// the first `left` are stored (every channel is still made: the windows move on).
+#[inline(always)]
+unsafe fn write_group<T: Element, const BLEND: bool, const FULL: bool>(
+    p: &LrnParams,
+    out: &mut *mut T,
+    stride: usize,
+    left: i32,
+    mut make: impl FnMut(usize) -> Option<f32>,
+) {
+    crate::unroll!(u in [0, 1, 2, 3, 4, 5, 6, 7] {
+        if FULL || (u as i32) < left {
+            if let Some(v) = make(u) {
+                T::store(*out, blended::<T, BLEND>(p, v, *out));
+            }
+        } else {
+            make(u);
+        }
+        *out = out.wrapping_add(stride);
+    });
+}
+
+/// The walk with the window width `N` compiled in (`lrn_fwd_walk_n<N>_*`): no rings and
+/// no f64, the window in registers ([`Window`]); loads run a group of `U` channels ahead.
+/// Channels outside the tensor enter as 0, which clips the window.
+#[inline(always)]
+unsafe fn fwd_walk_n<T: Element, const N: usize>(p: &LrnParams, x: *const T, y: *mut T) {
+    if p.blend_beta == 0.0 {
+        fwd_walk_n_blend::<T, N, false>(p, x, y)
+    } else {
+        fwd_walk_n_blend::<T, N, true>(p, x, y)
+    }
+}
+
+#[inline(always)]
+unsafe fn fwd_walk_n_blend<T: Element, const N: usize, const BLEND: bool>(
+    p: &LrnParams,
+    x: *const T,
+    y: *mut T,
+) {
+    let Some(w) = walk_place(p) else { return };
+    let (lb, la) = (Window::<N>::BEHIND as i32, Window::<N>::AHEAD as i32);
+    let hi = (w.c1 + la).min(p.channels as i32);
+    let mut xc = Cursor::new(
+        x.add(w.offs[0] as usize),
+        p.channel_strides[0] as usize,
+        w.c0 - lb,
+        hi,
+    );
+    let sy = p.channel_strides[1] as usize;
+    let mut out = y.add(w.offs[1] as usize + w.c0 as usize * sy);
+    // Channels c0 - lb .. c0 + la - 1, then one channel entering per output.
+    let mut win = Window::<N>::new();
+    crate::unrolled!(_i in N - 1 => win.enter(xc.next()));
+    let mut c = w.c0;
+    let mut cur = xc.next_group();
+    while c < w.c1 {
+        let next = xc.next_group();
+        let make = |u: usize| {
+            win.enter(cur[u]);
+            Some(win.centre() * pow_neg(win.scale(p), p.beta))
+        };
+        let left = w.c1 - c;
+        if left >= U as i32 {
+            write_group::<T, BLEND, true>(p, &mut out, sy, left, make);
+        } else {
+            write_group::<T, BLEND, false>(p, &mut out, sy, left, make);
+        }
+        cur = next;
+        c += U as i32;
+    }
+}
+
+/// The backward walk with `N` compiled in (`lrn_bwd_walk_n<N>_*`), windows as in
+/// [`fwd_walk_n`] ([`GradWindow`]).
+#[inline(always)]
+unsafe fn bwd_walk_n<T: Element, const N: usize>(
+    p: &LrnParams,
+    x: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    if p.blend_beta == 0.0 {
+        bwd_walk_n_blend::<T, N, false>(p, x, dy, dx)
+    } else {
+        bwd_walk_n_blend::<T, N, true>(p, x, dy, dx)
+    }
+}
+
+#[inline(always)]
+unsafe fn bwd_walk_n_blend<T: Element, const N: usize, const BLEND: bool>(
+    p: &LrnParams,
+    x: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let Some(w) = walk_place(p) else { return };
+    let (lb, la) = (Window::<N>::BEHIND as i32, Window::<N>::AHEAD as i32);
+    let channels = p.channels as i32;
+    let first = w.c0 - (N as i32 - 1);
+    // x up to the last window's end; dy (and so t) up to the last gradient's last term.
+    let x_hi = (w.c1 + N as i32 - 1).min(channels);
+    let dy_hi = (w.c1 + lb).min(channels);
+    let mut xc = Cursor::new(
+        x.add(w.offs[0] as usize),
+        p.channel_strides[0] as usize,
+        first,
+        x_hi,
+    );
+    let mut dyc = Cursor::new(
+        dy.add(w.offs[1] as usize),
+        p.channel_strides[1] as usize,
+        first - la,
+        dy_hi,
+    );
+    let sdx = p.channel_strides[2] as usize;
+    let mut out = dx.add(w.offs[2] as usize + w.c0 as usize * sdx);
+    let mut win = GradWindow::<N>::new();
+    // Up to channel m = c0 + N - 2 (the last before dx_c0 can be made).
+    crate::unrolled!(_i in 2 * (N - 1) => win.enter(p, xc.next(), dyc.next()));
+    // Unlike the forward, no group's loads wait in registers behind the previous group's
+    // work: that took 116 registers (two blocks per SM); at 80 three blocks fit, and their
+    // loads overlap one another's work.
+    let mut j = w.c0;
+    while j < w.c1 {
+        let cur = (xc.next_group(), dyc.next_group());
+        let make = |u: usize| {
+            win.enter(p, cur.0[u], cur.1[u]);
+            Some(win.gradient(p))
+        };
+        let left = w.c1 - j;
+        if left >= U as i32 {
+            write_group::<T, BLEND, true>(p, &mut out, sdx, left, make);
+        } else {
+            write_group::<T, BLEND, false>(p, &mut out, sdx, left, make);
+        }
+        j += U as i32;
+    }
+}
+
 /// `E` consecutive channels from `p` (`avail` of them exist): one 16-byte load when
 /// `vector`, else element by element. `read_only`: the kernel does not write them.
 #[inline(always)]
@@ -472,6 +763,167 @@ unsafe fn bwd_cl<T: Element, const E: usize>(p: &LrnParams, x: *const T, dy: *co
     }
 }
 
+/// A lane's run of `E` channels `c0 .. c0 + E` of one pixel with `B` channels before it
+/// and `A` after (0 outside the tensor): the run loaded at once, the others one by one
+/// (they are other lanes' channels, so they come from L1).
+struct Run<const E: usize, const B: usize, const A: usize> {
+    before: [f32; B],
+    run: [f32; E],
+    after: [f32; A],
+}
+
+impl<const E: usize, const B: usize, const A: usize> Run<E, B, A> {
+    #[inline(always)]
+    unsafe fn load<T: Element>(base: *const T, c0: u32, channels: u32, vector: bool) -> Self {
+        let c0 = c0 as i32;
+        let around = |c: i32| {
+            if (c as u32) < channels {
+                T::load(base.add(c as usize))
+            } else {
+                0.0
+            }
+        };
+        Self {
+            before: core::array::from_fn(|i| around(c0 - B as i32 + i as i32)),
+            run: load_run::<T, E>(base.add(c0 as usize), channels - c0 as u32, vector, true),
+            after: core::array::from_fn(|i| around(c0 + E as i32 + i as i32)),
+        }
+    }
+
+    /// The value of channel `c0 + k`, `-B <= k < E + A` (a register once unrolled).
+    #[inline(always)]
+    fn at(&self, k: isize) -> f32 {
+        if k < 0 {
+            self.before[(B as isize + k) as usize]
+        } else if (k as usize) < E {
+            self.run[k as usize]
+        } else {
+            self.after[k as usize - E]
+        }
+    }
+}
+
+/// `s = k + alpha / n * sum x^2` over the window of channel `c0 + k` of a run whose `x`
+/// has at least the window's `lb` channels before and `la` after it.
+#[inline(always)]
+fn run_scale<const N: usize, const E: usize, const B: usize, const A: usize>(
+    p: &LrnParams,
+    x: &Run<E, B, A>,
+    k: isize,
+) -> f32 {
+    let mut sum = 0.0;
+    crate::unrolled!(d in N => {
+        let v = x.at(k + d as isize - Window::<N>::BEHIND as isize);
+        sum += v * v;
+    });
+    device::fma(p.alpha_over_n, sum, p.k)
+}
+
+/// Channels-last with the width `N` compiled in (`lrn_fwd_channels_last_n<N>_*`): no shared
+/// memory; each lane takes runs of `E` channels (16-byte vectors where `p.vectorized`) and
+/// the `N - 1` channels around them, and sums each window afresh in f32.
+#[inline(always)]
+unsafe fn fwd_cl_n<
+    T: Element,
+    const N: usize,
+    const E: usize,
+    const B: usize,
+    const BLEND: bool,
+>(
+    p: &LrnParams,
+    x: *const T,
+    y: *mut T,
+) {
+    let g = group_place::<E>(p);
+    if !g.valid {
+        return;
+    }
+    let (xb, yb) = (x.add(g.offs[0] as usize), y.add(g.offs[1] as usize));
+    let (channels, vector) = (p.channels, p.vectorized != 0);
+    let mut c0 = g.lane_c0;
+    while c0 < channels {
+        let avail = channels - c0;
+        let xr = Run::<E, B, B>::load(xb, c0, channels, vector);
+        let old = if BLEND {
+            load_run::<T, E>(yb.add(c0 as usize), avail, vector, false)
+        } else {
+            [0.0; E]
+        };
+        let mut out = [0.0f32; E];
+        crate::unrolled!(e in E => {
+            let r = xr.run[e] * pow_neg(run_scale::<N, E, B, B>(p, &xr, e as isize), p.beta);
+            out[e] = blend(p.blend_alpha, r, if BLEND { p.blend_beta } else { 0.0 }, || old[e]);
+        });
+        store_run::<T, E>(yb.add(c0 as usize), out, avail, vector);
+        c0 += g.step;
+    }
+}
+
+/// Channels whose `a` and `t` terms one run of the channels-last backward makes, at most.
+const RUN_TERMS: usize = 16;
+
+/// The backward of [`fwd_cl_n`] (`lrn_bwd_channels_last_n<N>_*`). For a run's gradients
+/// `dx_j = a_j - coef x_j sum_{c = j - la}^{j + lb} t_c` it makes `a = dy s^-beta` and
+/// `t = a x / s` of the run and of the `la` channels before it and `lb` after, whose scales
+/// take x of `XB = N - 1` channels either side of the run; dy comes with `DB = max(lb, la)`
+/// either side.
+#[inline(always)]
+unsafe fn bwd_cl_n<
+    T: Element,
+    const N: usize,
+    const E: usize,
+    const XB: usize,
+    const DB: usize,
+    const BLEND: bool,
+>(
+    p: &LrnParams,
+    x: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let g = group_place::<E>(p);
+    if !g.valid {
+        return;
+    }
+    let (xb, dyb, dxb) = (
+        x.add(g.offs[0] as usize),
+        dy.add(g.offs[1] as usize),
+        dx.add(g.offs[2] as usize),
+    );
+    let (channels, vector) = (p.channels, p.vectorized != 0);
+    let la = Window::<N>::AHEAD as isize;
+    let mut c0 = g.lane_c0;
+    while c0 < channels {
+        let avail = channels - c0;
+        let xr = Run::<E, XB, XB>::load(xb, c0, channels, vector);
+        let dyr = Run::<E, DB, DB>::load(dyb, c0, channels, vector);
+        let old = if BLEND {
+            load_run::<T, E>(dxb.add(c0 as usize), avail, vector, false)
+        } else {
+            [0.0; E]
+        };
+        // a and t of channels c0 + k for k in [-la, E + lb): index k + la.
+        const { assert!(E + N - 1 <= RUN_TERMS) };
+        let mut a = [0.0f32; RUN_TERMS];
+        let mut t = [0.0f32; RUN_TERMS];
+        crate::unrolled!(i in E + N - 1 => {
+            let k = i as isize - la;
+            let s = run_scale::<N, E, XB, XB>(p, &xr, k);
+            a[i] = dyr.at(k) * pow_neg(s, p.beta);
+            t[i] = a[i] * xr.at(k) * device::rcp_approx(s);
+        });
+        let mut out = [0.0f32; E];
+        crate::unrolled!(e in E => {
+            let mut tsum = 0.0;
+            crate::unrolled!(d in N => tsum += t[e + d]);
+            let gr = a[e + la as usize] - p.grad_coef * xr.run[e] * tsum;
+            out[e] = blend(p.blend_alpha, gr, if BLEND { p.blend_beta } else { 0.0 }, || old[e]);
+        });
+        store_run::<T, E>(dxb.add(c0 as usize), out, avail, vector);
+        c0 += g.step;
+    }
+}
+
 macro_rules! lrn_entry_points {
     ($dt:ident, $T:ty) => {
         paste::paste! {
@@ -489,6 +941,47 @@ macro_rules! lrn_entry_points {
                 p: LrnParams, x: *const $T, dy: *const $T, dx: *mut $T,
             ) {
                 bwd_walk::<$T>(&p, x, dy, dx)
+            }
+            /// # Safety
+            /// As `lrn_fwd_walk_*`, with no dynamic shared memory; `n` = 5.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<lrn_fwd_walk_n5_ $dt>](p: LrnParams, x: *const $T, y: *mut $T) {
+                fwd_walk_n::<$T, 5>(&p, x, y)
+            }
+            /// # Safety
+            /// As `lrn_fwd_walk_n5_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<lrn_bwd_walk_n5_ $dt>](
+                p: LrnParams, x: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_walk_n::<$T, 5>(&p, x, dy, dx)
+            }
+            /// # Safety
+            /// The pointers cover every offset `p` describes, channels at unit stride; no
+            /// dynamic shared memory; `n` = 5.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<lrn_fwd_channels_last_n5_ $dt>](
+                p: LrnParams, x: *const $T, y: *mut $T,
+            ) {
+                match (packed_vector_elements(size_of::<$T>()), p.blend_beta == 0.0) {
+                    (4, true) => fwd_cl_n::<$T, 5, 4, 2, false>(&p, x, y),
+                    (4, false) => fwd_cl_n::<$T, 5, 4, 2, true>(&p, x, y),
+                    (_, true) => fwd_cl_n::<$T, 5, 8, 2, false>(&p, x, y),
+                    (_, false) => fwd_cl_n::<$T, 5, 8, 2, true>(&p, x, y),
+                }
+            }
+            /// # Safety
+            /// As `lrn_fwd_channels_last_n5_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<lrn_bwd_channels_last_n5_ $dt>](
+                p: LrnParams, x: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                match (packed_vector_elements(size_of::<$T>()), p.blend_beta == 0.0) {
+                    (4, true) => bwd_cl_n::<$T, 5, 4, 4, 2, false>(&p, x, dy, dx),
+                    (4, false) => bwd_cl_n::<$T, 5, 4, 4, 2, true>(&p, x, dy, dx),
+                    (_, true) => bwd_cl_n::<$T, 5, 8, 4, 2, false>(&p, x, dy, dx),
+                    (_, false) => bwd_cl_n::<$T, 5, 8, 4, 2, true>(&p, x, dy, dx),
+                }
             }
             /// # Safety
             /// The pointers cover every offset `p` describes, channels at unit stride;

@@ -17,13 +17,17 @@ use crate::{FastDivisor, IndexMap};
 /// `t % pixels` and channels `[s * segment_len, (s + 1) * segment_len)` of segment
 /// `s = t / pixels`, walking them with f64 running sums; its recent values wait in
 /// shared-memory rings of `ring` slots (a power of two >= n) per thread.
+/// `lrn_{fwd,bwd}_walk_n<N>_*` take the same threads and segments with the width `N`
+/// compiled in, their windows in registers (`ring` unused).
 ///
 /// `lrn_{fwd,bwd}_channels_last_*` (unit channel stride in every operand): `group` lanes
 /// (a power of two) share a pixel, `pixels_per_block` pixels per block; the pixel's squares
 /// (and, backward, its `t` terms) are staged in shared memory, `pixel_slots` slots each
 /// (a padding slot after every 16 bytes of elements, against bank conflicts), and window
 /// sums slide over them. `vectorized != 0`: 16-byte accesses (channels and every pixel
-/// offset a multiple of the vector width).
+/// offset a multiple of the vector width). `lrn_{fwd,bwd}_channels_last_n<N>_*` take the
+/// same lanes with the width `N` compiled in and stage nothing (`pixel_slots` unused): each
+/// lane loads the channels around its run itself.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LrnParams {

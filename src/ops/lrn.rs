@@ -26,15 +26,21 @@
 //! is taken and validated as cuDNN takes it, but recomputed rather than read (one tensor
 //! less to move, and exact even where `y` was written blended).
 //!
-//! On the GPU, tensors whose channels have unit stride (NHWC) stage each pixel's channels
-//! in shared memory ("channels-last" kernels, 16-byte accesses); any other layout (NCHW:
-//! consecutive threads on consecutive pixels) walks the channels with running sums of
-//! squares kept in f64, where adding a channel and later removing it cancel exactly.
+//! On the GPU, tensors whose channels have unit stride (NHWC) take "channels-last" kernels:
+//! lanes of a pixel take runs of its channels (16-byte accesses); any other layout (NCHW:
+//! consecutive threads on consecutive pixels) walks the channels. For `n = 5` (cuDNN's
+//! default and AlexNet's and GoogLeNet's width) both have the width compiled in: the walk
+//! keeps its window in registers, a channels-last lane loads the channels around its run,
+//! and each window is summed afresh in f32. For other widths the channels-last kernels
+//! stage each pixel's squares in shared memory, and the walk keeps running sums of squares
+//! in f64 (adding a channel and later removing it cancel exactly) and its recent channels
+//! in shared-memory rings.
 
 use super::layout::fold;
 use super::{host_read, host_write, scale_factor};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
+use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::handle::{Backend, Handle};
 use crate::kernels;
@@ -168,14 +174,33 @@ enum Direction {
 
 /// Shared memory the channels-last kernels may take per block.
 const CHANNELS_LAST_SMEM_LIMIT: u32 = 64 * 1024;
-/// Shared memory the walk kernels take per block, at most.
+/// Shared memory the ring walk kernels take per block, at most.
 const WALK_SMEM_LIMIT: u32 = 48 * 1024;
-/// Registers per thread of the walk kernels, as ptxas reports them for sm_90 (rounded up):
-/// with the rings' shared memory they bound how many threads an SM holds.
-const WALK_FWD_REGISTERS: u32 = 48;
-const WALK_BWD_REGISTERS: u32 = 64;
-/// Shared memory an SM offers its blocks (H100: 228 KB, 1 KB of it per block reserved).
-const SM_SHARED_BYTES: u32 = 227 * 1024;
+/// Threads per block of the walk kernels (fewer for the ring kernels where their rings
+/// would pass [`WALK_SMEM_LIMIT`]).
+const WALK_BLOCK: u32 = 256;
+
+/// Threads per block of the channels-last kernels.
+const CHANNELS_LAST_BLOCK: u32 = 256;
+
+/// The channels-last kernel with window width `n` compiled in (no staging), where one is
+/// built.
+fn fixed_channels_last_kernel(dir: Direction, n: u32, dtype: DataType) -> Option<&'static str> {
+    match (dir, n) {
+        (Direction::Forward, 5) => kernels::lrn_fwd_channels_last_n5(dtype),
+        (Direction::Backward, 5) => kernels::lrn_bwd_channels_last_n5(dtype),
+        _ => None,
+    }
+}
+
+/// The walk kernel with window width `n` compiled in (no rings), where one is built.
+fn fixed_walk_kernel(dir: Direction, n: u32, dtype: DataType) -> Option<&'static str> {
+    match (dir, n) {
+        (Direction::Forward, 5) => kernels::lrn_fwd_walk_n5(dtype),
+        (Direction::Backward, 5) => kernels::lrn_bwd_walk_n5(dtype),
+        _ => None,
+    }
+}
 
 /// Channel segments per pixel for the walk kernels: the count minimising a simple cost
 /// model, waves of resident threads times the channels each thread walks (its segment plus
@@ -251,20 +276,34 @@ fn plan(
     };
     let unsupported = || Error::unsupported(format!("LRN on {dtype} tensors on the GPU"));
 
-    // Channels-last: unit channel stride everywhere, and a pixel's staging fits.
+    // Channels-last: unit channel stride everywhere; with the window width compiled in
+    // (no staging) any channel count, else where a pixel's staging fits.
     let vector = packed_vector_elements(dtype.size_bytes()) as u32;
     let unit_channels = channels == 1 || descs.iter().all(|d| d.strides()[1] == 1);
     if unit_channels {
         let c = channels as u32;
         let group = c.div_ceil(vector).next_power_of_two().min(32);
-        let slots = lrn_pixel_slots(c, vector);
-        let slot_bytes = match dir {
-            Direction::Forward => LRN_CL_FWD_SLOT_BYTES,
-            Direction::Backward => LRN_CL_BWD_SLOT_BYTES,
+        let lanes_per_block = CHANNELS_LAST_BLOCK / group;
+        let staged = || {
+            let slots = lrn_pixel_slots(c, vector);
+            let slot_bytes = match dir {
+                Direction::Forward => LRN_CL_FWD_SLOT_BYTES,
+                Direction::Backward => LRN_CL_BWD_SLOT_BYTES,
+            };
+            let per_pixel = slots as u64 * slot_bytes as u64;
+            let pixels_per_block =
+                (lanes_per_block as u64).min(CHANNELS_LAST_SMEM_LIMIT as u64 / per_pixel) as u32;
+            let kernel = match dir {
+                Direction::Forward => kernels::lrn_fwd_channels_last(dtype),
+                Direction::Backward => kernels::lrn_bwd_channels_last(dtype),
+            };
+            (kernel, pixels_per_block, slots, per_pixel as u32)
         };
-        let per_pixel = slots as u64 * slot_bytes as u64;
-        let pixels_per_block =
-            ((256 / group) as u64).min(CHANNELS_LAST_SMEM_LIMIT as u64 / per_pixel) as u32;
+        let (kernel, pixels_per_block, slots, bytes_per_pixel) =
+            match fixed_channels_last_kernel(dir, lrn.n, dtype) {
+                Some(kernel) => (Some(kernel), lanes_per_block, 0, 0),
+                None => staged(),
+            };
         if pixels_per_block > 0 {
             p.group = group;
             p.pixels_per_block = pixels_per_block;
@@ -275,40 +314,50 @@ fn plan(
                     .iter()
                     .flatten()
                     .all(|&s| s.is_multiple_of(vector as usize))) as u32;
-            let kernel = match dir {
-                Direction::Forward => kernels::lrn_fwd_channels_last(dtype),
-                Direction::Backward => kernels::lrn_bwd_channels_last(dtype),
-            }
-            .ok_or_else(unsupported)?;
+            let kernel = kernel.ok_or_else(unsupported)?;
             let blocks = (pixels as u64).div_ceil(pixels_per_block as u64);
             let cfg = LaunchConfig {
                 grid: u32::try_from(blocks).map_err(|_| unsupported())?,
                 grid_y: 1,
                 block: group * pixels_per_block,
-                shared_bytes: (per_pixel * pixels_per_block as u64) as u32,
+                shared_bytes: bytes_per_pixel * pixels_per_block,
             };
             return Ok((kernel, p, cfg));
         }
     }
 
-    // Walk: each thread a pixel and a segment of its channels.
+    // Walk: each thread a pixel and a segment of its channels, with the window width
+    // compiled in where a kernel has it, else with rings of recent channels in shared
+    // memory.
     let n = lrn.n;
-    let ring = n.next_power_of_two();
-    let slot_bytes = match dir {
-        Direction::Forward => LRN_WALK_FWD_SLOT_BYTES,
-        Direction::Backward => LRN_WALK_BWD_SLOT_BYTES,
+    let (kernel, block, shared_bytes) = match fixed_walk_kernel(dir, n, dtype) {
+        Some(kernel) => (kernel, WALK_BLOCK, 0),
+        None => {
+            let ring = n.next_power_of_two();
+            let slot_bytes = match dir {
+                Direction::Forward => LRN_WALK_FWD_SLOT_BYTES,
+                Direction::Backward => LRN_WALK_BWD_SLOT_BYTES,
+            };
+            let mut block = WALK_BLOCK;
+            while block > 32 && block * ring * slot_bytes > WALK_SMEM_LIMIT {
+                block /= 2;
+            }
+            p.ring = ring;
+            let kernel = match dir {
+                Direction::Forward => kernels::lrn_fwd_walk(dtype),
+                Direction::Backward => kernels::lrn_bwd_walk(dtype),
+            }
+            .ok_or_else(unsupported)?;
+            (kernel, block, block * ring * slot_bytes)
+        }
     };
-    let mut block = 256u32;
-    while block > 32 && block * ring * slot_bytes > WALK_SMEM_LIMIT {
-        block /= 2;
-    }
-    let shared_bytes = block * ring * slot_bytes;
-    let (registers, warm_up) = match dir {
-        Direction::Forward => (WALK_FWD_REGISTERS, n - 1),
-        Direction::Backward => (WALK_BWD_REGISTERS, 2 * (n - 1)),
+    let warm_up = match dir {
+        Direction::Forward => n - 1,
+        Direction::Backward => 2 * (n - 1),
     };
-    let blocks_per_sm = (65536 / (registers * block)).min(SM_SHARED_BYTES / shared_bytes.max(1));
-    let resident = gpu.sm_count as u64 * blocks_per_sm.max(1) as u64 * block as u64;
+    let resident = gpu.sm_count as u64
+        * gpu.resident_blocks(kernel, block, shared_bytes)? as u64
+        * block as u64;
     let segments = walk_segments(pixels as u64, channels as u64, warm_up as u64, resident);
     let segment_len = channels.div_ceil(segments as usize);
     let segments = channels.div_ceil(segment_len) as u64;
@@ -320,15 +369,33 @@ fn plan(
     }
     p.threads = threads as u32;
     p.segment_len = segment_len as u32;
-    p.ring = ring;
-    let kernel = match dir {
-        Direction::Forward => kernels::lrn_fwd_walk(dtype),
-        Direction::Backward => kernels::lrn_bwd_walk(dtype),
-    }
-    .ok_or_else(unsupported)?;
     let mut cfg = LaunchConfig::for_threads(threads, block)?;
     cfg.shared_bytes = shared_bytes;
     Ok((kernel, p, cfg))
+}
+
+/// The kernel [`lrn_cross_channel_forward`] (or, with `backward`,
+/// [`lrn_cross_channel_backward`]) runs on `handle`'s GPU for `x_desc` and `y_desc` (the
+/// backward's dy laid out as y, dx as x). For tests and benches that check which path a
+/// problem takes.
+#[doc(hidden)]
+pub fn lrn_kernel(
+    handle: &Handle,
+    lrn: &LrnDescriptor,
+    backward: bool,
+    x_desc: &TensorDescriptor,
+    y_desc: &TensorDescriptor,
+) -> Result<&'static str> {
+    validate(x_desc, &[("y_desc", y_desc)])?;
+    let Backend::Gpu(gpu) = &handle.backend else {
+        return Err(Error::bad("handle", "the CPU handle runs no kernels"));
+    };
+    let (dir, descs) = if backward {
+        (Direction::Backward, [x_desc, y_desc, x_desc])
+    } else {
+        (Direction::Forward, [x_desc, y_desc, y_desc])
+    };
+    Ok(plan(gpu, dir, lrn, (1.0, 0.0), descs)?.0)
 }
 
 /// `y = alpha * lrn(x) + beta * y` (cudnnLRNCrossChannelForward). `x` and `y`: same dims
