@@ -283,7 +283,7 @@ fn plan(
     if unit_channels {
         let c = channels as u32;
         let group = c.div_ceil(vector).next_power_of_two().min(32);
-        let lanes_per_block = CHANNELS_LAST_BLOCK / group;
+        let full_block_pixels = CHANNELS_LAST_BLOCK / group;
         let staged = || {
             let slots = lrn_pixel_slots(c, vector);
             let slot_bytes = match dir {
@@ -292,7 +292,7 @@ fn plan(
             };
             let per_pixel = slots as u64 * slot_bytes as u64;
             let pixels_per_block =
-                (lanes_per_block as u64).min(CHANNELS_LAST_SMEM_LIMIT as u64 / per_pixel) as u32;
+                (full_block_pixels as u64).min(CHANNELS_LAST_SMEM_LIMIT as u64 / per_pixel) as u32;
             let kernel = match dir {
                 Direction::Forward => kernels::lrn_fwd_channels_last(dtype),
                 Direction::Backward => kernels::lrn_bwd_channels_last(dtype),
@@ -301,7 +301,7 @@ fn plan(
         };
         let (kernel, pixels_per_block, slots, bytes_per_pixel) =
             match fixed_channels_last_kernel(dir, lrn.n, dtype) {
-                Some(kernel) => (Some(kernel), lanes_per_block, 0, 0),
+                Some(kernel) => (Some(kernel), full_block_pixels, 0, 0),
                 None => staged(),
             };
         if pixels_per_block > 0 {
