@@ -373,6 +373,15 @@ fn bad_inputs_are_rejected_with_typed_errors() {
         let foreign = stranger.alloc(&d).unwrap();
         let e = lrn_cross_channel_forward(h, &lrn, 1.0, &d, &foreign, 0.0, &d, &mut y).unwrap_err();
         assert!(matches!(e, Error::BadParam { arg: "x", .. }), "{e}");
+        // The kernel query validates as the calls do, and names no kernel on the CPU.
+        let e = lrn_kernel(h, &lrn, false, &d, &other).unwrap_err();
+        assert!(matches!(e, Error::BadParam { arg: "y_desc", .. }), "{e}");
+        let e = lrn_kernel(h, &lrn, true, &flat, &flat).unwrap_err();
+        assert!(matches!(e, Error::BadParam { arg: "x_desc", .. }), "{e}");
+        if !h.is_gpu() {
+            let e = lrn_kernel(h, &lrn, false, &d, &d).unwrap_err();
+            assert!(matches!(e, Error::BadParam { arg: "handle", .. }), "{e}");
+        }
     }
 }
 
