@@ -644,6 +644,20 @@ const DATA_AND_BLENDS: [(Data, (f64, f64)); 4] = [
     (Data::Uniform, (-1.5, 0.25)),
 ];
 
+/// The forward strip kernel of window shape `shape` (`3x3s1p1`, ..) over dense rows of `w`
+/// elements of `dt`: 16-byte vectors where the rows hold whole ones, else 8-byte vectors,
+/// else none (the window kernel).
+fn strip_kernel(shape: &str, w: usize, dt: DataType) -> String {
+    let row_bytes = w * dt.size_bytes();
+    if row_bytes % 16 == 0 {
+        format!("pooling_fwd_strip_{shape}_{dt}")
+    } else if row_bytes % 8 == 0 {
+        format!("pooling_fwd_strip8_{shape}_{dt}")
+    } else {
+        format!("pooling_fwd_window_{dt}")
+    }
+}
+
 /// A backward case of the kernel tests: window, padding, stride, dims, whether x and dx
 /// have gaps between elements, and the kernel (or its shape) the case must take.
 type KernelCase = (
@@ -671,7 +685,7 @@ fn gpu_every_kernel_matches_the_reference() {
             Layout,
             &'static str,
         );
-        let cases: [Case; 20] = [
+        let cases: [Case; 23] = [
             (
                 &[3, 3],
                 &[1, 1],
@@ -747,13 +761,14 @@ fn gpu_every_kernel_matches_the_reference() {
                 first,
                 "pooling_fwd_window_",
             ),
+            // (Rows of 10 are whole 8-byte vectors of f32: its 8-byte strip.)
             (
                 &[1, 3, 3],
                 &[0, 1, 1],
                 &[1, 2, 2],
                 &[2, 3, 3, 9, 10],
                 first,
-                "pooling_fwd_window_",
+                "pooling_fwd_strip_3x3s2p1_",
             ),
             // The forward strip kernels: rows of whole 16-byte vectors of every dtype (w a
             // multiple of 8), odd and prime h, strips cut short at the row's end and rows
@@ -807,13 +822,41 @@ fn gpu_every_kernel_matches_the_reference() {
                 first,
                 "pooling_fwd_strip_2x2x2s2p0_",
             ),
+            // Rows of whole 8-byte vectors but not 16-byte ones: 28 and 12 elements of the
+            // 16-bit types, 14 of f32 (whose other rows here take 16-byte strips).
+            (
+                &[3, 3],
+                &[1, 1],
+                &[1, 1],
+                &[2, 3, 7, 28],
+                first,
+                "pooling_fwd_strip_3x3s1p1_",
+            ),
+            (
+                &[2, 2],
+                &[0, 0],
+                &[2, 2],
+                &[2, 3, 9, 12],
+                first,
+                "pooling_fwd_strip_2x2s2p0_",
+            ),
+            (
+                &[3, 3],
+                &[1, 1],
+                &[2, 2],
+                &[2, 3, 11, 14],
+                first,
+                "pooling_fwd_strip_3x3s2p1_",
+            ),
+            // f32 planes of at most 128 elements back to back: staged, a warp per 32
+            // planes.
             (
                 &[7, 7],
                 &[0, 0],
                 &[1, 1],
                 &[3, 5, 7, 7],
                 first,
-                "pooling_fwd_global_",
+                "pooling_fwd_global_staged_",
             ),
             (
                 &[7, 7],
@@ -874,13 +917,15 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => String::new(),
             };
-            // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors of every dtype (w
-            // a multiple of 8, channels first) take the average strip kernel.
-            let avg_strip = window == [2, 2]
-                && stride == [2, 2]
-                && padding == [0, 0]
-                && layout == first
-                && dims[3] % 8 == 0;
+            // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors (channels first)
+            // take the average strip kernel.
+            let avg_strip = |dt: DataType| {
+                window == [2, 2]
+                    && stride == [2, 2]
+                    && padding == [0, 0]
+                    && layout == first
+                    && (dims[3] * dt.size_bytes()) % 16 == 0
+            };
             for mode in PoolingMode::ALL {
                 let pool =
                     PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride).unwrap();
@@ -888,7 +933,17 @@ fn gpu_every_kernel_matches_the_reference() {
                     for (data, ab) in DATA_AND_BLENDS {
                         let p = dense_problem(pool, dt, dims, layout, data, ab);
                         let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
-                        assert_eq!(f, format!("{fwd}{dt}"), "forward kernel of {p:?}");
+                        let want = match fwd.strip_prefix("pooling_fwd_strip_") {
+                            Some(shape) => {
+                                strip_kernel(shape.trim_end_matches('_'), dims[dims.len() - 1], dt)
+                            }
+                            // The staged global forward runs f32 only.
+                            None if fwd.ends_with("staged_") && dt != DataType::F32 => {
+                                format!("pooling_fwd_global_{dt}")
+                            }
+                            None => format!("{fwd}{dt}"),
+                        };
+                        assert_eq!(f, want, "forward kernel of {p:?}");
                         check_forward(h, &p);
                         check_backward(h, &p, None);
                         for algo in PoolingBwdAlgo::ALL {
@@ -923,13 +978,21 @@ fn gpu_every_kernel_matches_the_reference() {
                                 (vec, algo, m, &shaped_cell_vec)
                             {
                                 format!("pooling_bwd_cell_vec_max_{shape}_{dt}")
+                            } else if (algo, m, global) == (PoolingBwdAlgo::Gather, "avg", true) {
+                                // Dense channels-first dx: planes back to back.
+                                let how = match (vec, layout == first) {
+                                    (true, _) => "vec_avg",
+                                    (false, true) => "avg_flat",
+                                    (false, false) => "avg",
+                                };
+                                format!("pooling_bwd_global_{how}_{dt}")
                             } else if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
                             } else if let (PoolingBwdAlgo::Cell, "max", Some(shape)) =
                                 (algo, m, &shaped_cell)
                             {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
-                            } else if algo == PoolingBwdAlgo::Cell && m == "avg" && avg_strip {
+                            } else if algo == PoolingBwdAlgo::Cell && m == "avg" && avg_strip(dt) {
                                 format!("pooling_bwd_strip_avg_2x2s2_{dt}")
                             } else if algo == PoolingBwdAlgo::Tile && band {
                                 format!("pooling_bwd_band_max{band_shape}_{dt}")
@@ -1220,6 +1283,63 @@ fn gpu_depth_planes_in_no_window_take_no_gradient() {
     });
 }
 
+/// Global pooling over planes stored back to back (channels first), taken in f32 by the
+/// staged forward (a warp per few planes) up to 128 elements a plane, and the global average
+/// backward's flat kernel (a thread per 16-byte vector of dx): planes of 65 to 128
+/// elements (two lanes each, combined by a shuffle), the last warp's planes cut short
+/// with a partial last vector (111 planes),
+/// even plane lengths (whose lanes start their reads apart), planes shorter than a vector,
+/// the longest plane and one past it, 3-D planes, and more planes than the launch has
+/// warps for at once (the warps loop); channels last, with planes interleaved, takes the
+/// group kernel and the per-element backward. Every mode and dtype, against the
+/// reference.
+#[test]
+fn gpu_global_planes_back_to_back_match_the_reference() {
+    with_gpu("gpu_global_planes_back_to_back_match_the_reference", |h| {
+        let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
+        // (dims, layout, forward kernel, average backward kernel)
+        let cases: [(&[usize], Layout, &str, &str); 10] = [
+            (&[3, 37, 7, 7], first, "staged_", "avg_flat_"),
+            (&[3, 37, 9, 9], first, "staged_", "avg_flat_"),
+            (&[2, 20, 8, 8], first, "staged_", "avg_flat_"),
+            (&[5, 7, 2, 3], first, "staged_", "avg_flat_"),
+            (&[1, 33, 1, 5], first, "staged_", "avg_flat_"),
+            (&[2, 5, 2, 3, 4], first, "staged_", "avg_flat_"),
+            (&[2, 3, 5, 13], first, "staged_", "avg_flat_"),
+            (&[2, 3, 11, 12], first, "", "avg_flat_"),
+            (&[700, 1024, 2, 2], first, "staged_", "avg_flat_"),
+            (&[2, 3, 5, 7], last, "", "avg_"),
+        ];
+        for (dims, layout, fwd, avg_bwd) in cases {
+            let big = dims[0] * dims[1] > 1 << 16;
+            let pool_of = |mode| PoolingDescriptor::global(mode, PROPAGATE, &dims[2..]).unwrap();
+            for mode in PoolingMode::ALL {
+                for dt in DataType::GPU {
+                    for (data, ab) in DATA_AND_BLENDS {
+                        if big && (dt != DataType::F32 || !matches!(data, Data::Uniform)) {
+                            continue;
+                        }
+                        let p = dense_problem(pool_of(mode), dt, dims, layout, data, ab);
+                        let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                        // The staged forward runs f32 only.
+                        let fwd = if dt == DataType::F32 { fwd } else { "" };
+                        assert_eq!(f, format!("pooling_fwd_global_{fwd}{dt}"), "{p:?}");
+                        check_forward(h, &p);
+                        let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x);
+                        let want = if mode.is_max() {
+                            format!("pooling_bwd_gather_max_{dt}")
+                        } else {
+                            format!("pooling_bwd_global_{avg_bwd}{dt}")
+                        };
+                        assert_eq!(b.unwrap(), want, "{p:?}");
+                        check_backward(h, &p, None);
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn gpu_headline_shapes_take_the_fast_paths() {
     with_gpu("gpu_headline_shapes_take_the_fast_paths", |h| {
@@ -1244,6 +1364,30 @@ fn gpu_headline_shapes_take_the_fast_paths() {
             assert_eq!(
                 pooling_backward_kernel(h, None, &stem, &x, &y, &y, &x).unwrap(),
                 bwd
+            );
+        }
+        // Inception's 3x3/s1/p1 on 28x28 f16 rows (56 bytes: 8-byte vectors).
+        let inception = pool2d(PoolingMode::Max, 3, 1, 1);
+        let x = TensorDescriptor::nchw(DataType::F16, 32, 192, 28, 28).unwrap();
+        let y = pooled(&inception, &x, Layout::ChannelsFirst);
+        assert_eq!(
+            pooling_forward_kernel(h, &inception, &x, &y).unwrap(),
+            "pooling_fwd_strip8_3x3s1p1_f16"
+        );
+        // ResNet-50's global average over 7x7, channels first.
+        let gap = PoolingDescriptor::global(PoolingMode::AverageCountIncludePadding, NOT, &[7, 7])
+            .unwrap();
+        for dt in DataType::GPU {
+            let x = TensorDescriptor::nchw(dt, 32, 2048, 7, 7).unwrap();
+            let y = pooled(&gap, &x, Layout::ChannelsFirst);
+            let staged = if dt == DataType::F32 { "staged_" } else { "" };
+            assert_eq!(
+                pooling_forward_kernel(h, &gap, &x, &y).unwrap(),
+                format!("pooling_fwd_global_{staged}{dt}")
+            );
+            assert_eq!(
+                pooling_backward_kernel(h, None, &gap, &x, &y, &y, &x).unwrap(),
+                format!("pooling_bwd_global_avg_flat_{dt}")
             );
         }
     });

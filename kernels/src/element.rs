@@ -63,8 +63,8 @@ pub trait Element: Copy {
         Self::store(p.add(1), v[1]);
     }
 
-    /// Loads `K` consecutive elements (`K * size` bytes: 8 or 16) with one vector load, as
-    /// raw words (an 8-byte load fills the first two).
+    /// Loads `K` consecutive elements (`K * size` bytes: 4, 8 or 16) with one load, as raw
+    /// words (a narrower load fills the first one or two).
     ///
     /// # Safety
     /// `p` is aligned to `K * size` bytes; the elements are readable; `read_only` only if
@@ -77,6 +77,7 @@ pub trait Element: Copy {
             (16, false) => device::ld_global_v4(p),
             (8, true) => widen(device::ld_global_nc_v2(p)),
             (8, false) => widen(device::ld_global_v2(p)),
+            (4, _) => [p.read(), 0, 0, 0],
             _ => device::trap(),
         }
     }
@@ -84,7 +85,7 @@ pub trait Element: Copy {
     /// The `K` elements of raw words from [`Element::load_raw`].
     fn unpack<const K: usize>(w: Vec16) -> [f32; K];
 
-    /// Stores `K` consecutive elements with one vector store.
+    /// Stores `K` consecutive elements (`K * size` bytes: 4, 8 or 16) with one store.
     ///
     /// # Safety
     /// `p` is aligned to `K * size` bytes and the elements are writable.
@@ -95,6 +96,7 @@ pub trait Element: Copy {
         match K * size_of::<Self>() {
             16 => device::st_global_v4(p, w),
             8 => device::st_global_v2(p, [w[0], w[1]]),
+            4 => p.write(w[0]),
             _ => device::trap(),
         }
     }

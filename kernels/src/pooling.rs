@@ -9,8 +9,12 @@
 //! - `pooling_fwd_strip_<shape>_*`: compiled for common window shapes (2x2, 3x3, 2x2x2)
 //!   over x rows contiguous along w in 16-byte vectors (NCHW): a thread per strip of
 //!   consecutive outputs along w, its windows' rows loaded as vectors.
+//!   `pooling_fwd_strip8_<shape>_*`: the same over rows of 8-byte vectors (f16 rows of 28,
+//!   f32 rows of 14), which are not whole 16-byte ones.
 //! - `pooling_fwd_global_*`: windows covering the whole spatial extent: a group of lanes,
 //!   or a block, per `(n, c)`.
+//! - `pooling_fwd_global_staged_*`: global over short planes stored back to back (NCHW
+//!   7x7): a warp per few planes, copied to shared memory with 16-byte `cp.async`s.
 //! - `pooling_fwd_global_vec_*`: global over channel-contiguous x: a block per image and
 //!   tile of channel vectors, spatial positions spread over its rows.
 //!
@@ -18,6 +22,10 @@
 //! one thread, which adds its windows' contributions in a fixed order (no atomics):
 //! - `pooling_bwd_gather_*` (and `_vec_`): a thread per dx element (or channel vector),
 //!   gathering over the windows that contain it.
+//! - `pooling_bwd_global_avg_*` (and `_vec_`): the average backward of a global window, a
+//!   thread per dx element (or channel vector) copying its plane's scaled dy;
+//!   `pooling_bwd_global_avg_flat_*`: dx's planes back to back (NCHW), a thread per 16-byte
+//!   vector of dx.
 //! - `pooling_bwd_cell_*` (and `_vec_`): a thread per cell, the stride-sized block of dx
 //!   elements aligned to the window starts, visiting each window that overlaps it once.
 //! - `pooling_bwd_cell_max_<W>x<W>s<S>p<P>_*`: the max cell kernel compiled for square
@@ -47,14 +55,15 @@
 
 use crate::activation::blend;
 use crate::device::{
-    block_dim_x, block_idx_x, block_reduce, dynamic_smem, global_thread_x, grid_dim_x, grid_stride,
-    group_reduce, lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan,
-    shfl_xor_f32, st_shared_u32, st_shared_v4, sync_threads, thread_idx_x, Vec16,
+    block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
+    dynamic_smem, global_thread_x, grid_dim_x, grid_stride, group_reduce, lane_id, ld_shared_u32,
+    ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_xor_f32, st_shared_u32, st_shared_v4,
+    sync_threads, sync_warp, thread_idx_x, warp_id, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::{
-    PoolCoord, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
-    POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    pooling_global_stage_bytes, PoolCoord, PoolWindow, PoolingBwdParams, PoolingFwdParams,
+    PoolingGlobalParams, PoolingKind, POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 const _: () = assert!(
@@ -217,7 +226,7 @@ fn row_offset(strides: &[u32; 5], n: u32, c: u32) -> u32 {
 /// Loads `K` elements from memory no thread of the launch writes.
 ///
 /// # Safety
-/// Readable; 16-byte aligned when `K > 1`.
+/// Readable; aligned to `K * size` bytes (4, 8 or 16) when `K > 1`.
 #[inline(always)]
 unsafe fn load<T: Element, const K: usize>(p: *const T) -> [f32; K] {
     if K == 1 {
@@ -243,7 +252,7 @@ unsafe fn load_output<T: Element, const K: usize>(p: *const T) -> [f32; K] {
 /// Stores `K` elements.
 ///
 /// # Safety
-/// Writable; 16-byte aligned when `K > 1`.
+/// Writable; aligned to `K * size` bytes (4, 8 or 16) when `K > 1`.
 #[inline(always)]
 unsafe fn store<T: Element, const K: usize>(p: *mut T, v: [f32; K]) {
     if K == 1 {
@@ -459,8 +468,8 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
 
 /// Forward of `WD x WIN x WIN` windows (depth x h x w) at strides `S` along h and w and
 /// padding `PAD` along w (any depth stride and any padding along d and h), over x whose
-/// rows are contiguous along w in whole 16-byte vectors of `V` elements: a thread per
-/// strip of `O = V / S` consecutive outputs along w.
+/// rows are contiguous along w in whole vectors of `V` elements (16 or 8 bytes): a thread
+/// per strip of `O = V / S` consecutive outputs along w.
 ///
 /// The strip's windows cover, in each of their rows, the row's vector from `strip * V`
 /// with the `PAD` elements before it and the `WIN - S - PAD` after it (`RW` in all). The
@@ -473,7 +482,7 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
 ///
 /// # Safety
 /// As `pooling_fwd_window_*`, with `items` counting w in strips of `O` outputs, the window
-/// as above (checked by the host), x 16-byte aligned with unit w stride, its other
+/// as above (checked by the host), x aligned to a vector with unit w stride, its other
 /// strides and w extent multiples of `V`. Then every strip's vector lies inside its row:
 /// it starts at `strip * V <= (output[2] - 1) * S <= input[2] + 2 * PAD - WIN`, below
 /// `input[2]` (`2 * PAD < WIN`), and both are multiples of `V`.
@@ -494,9 +503,12 @@ unsafe fn fwd_strip<
     y: *mut T,
 ) {
     const {
-        assert!(V * size_of::<T>() == 16 && O * S == V && WIN >= S + PAD && 2 * PAD < WIN);
+        let vector_bytes = V * size_of::<T>();
+        assert!(vector_bytes == 16 || vector_bytes == 8);
+        assert!(O * S == V && WIN >= S + PAD && 2 * PAD < WIN);
         assert!(RW == PAD + V + (WIN - S - PAD));
-        assert!(O * size_of::<T>() == 8 || O * size_of::<T>() == 16);
+        // y's strip: one element, or a store of 4, 8 or 16 bytes.
+        assert!(O == 1 || matches!(O * size_of::<T>(), 4 | 8 | 16));
     };
     let w = &p.win;
     grid_stride(p.items.len as u64, |i| {
@@ -636,6 +648,111 @@ unsafe fn fwd_global<T: Element, const OP: u32>(p: &PoolingGlobalParams, x: *con
     }
 }
 
+/// Global pooling of short planes stored back to back (NCHW: unit spatial stride, `x_c =
+/// len`, `x_n = c * len`): a warp per `32 / group` consecutive planes, `group` lanes a
+/// plane. The warp copies the planes' bytes (from the 16-byte boundary at or before the
+/// first: the first itself where `32 / group` planes are a multiple of 16 bytes, as with
+/// the host's groups of 1 and 2) into its shared memory with 16-byte `cp.async`s, all in
+/// flight at once and holding no registers; then each lane reduces every `group`-th
+/// element of its plane from there, and the group combines them with shuffles. ([`fwd_global`] has its lanes
+/// load single elements: a few hundred bytes in flight a warp.) Where the length is even,
+/// each plane's lanes start their reads at a plane-dependent element of their own, so
+/// that the planes' reads fall in different banks (an odd length spreads them already).
+///
+/// # Safety
+/// As `pooling_fwd_global_*`, with x 16-byte aligned and laid out as above, `1 <= len <=
+/// POOLING_GLOBAL_STAGED_LEN`, `outputs * len * size < 2^32`, and
+/// [`pooling_global_stage_bytes`] of dynamic shared memory per warp of the block.
+#[inline(always)]
+unsafe fn fwd_global_staged<T: Element, const OP: u32>(
+    p: &PoolingGlobalParams,
+    x: *const T,
+    y: *mut T,
+) {
+    let comb = |a: f32, b: f32| combine::<OP>(a, b);
+    let size = size_of::<T>() as u32;
+    let lane = lane_id();
+    // `group` is a power of two: shifts and masks, no division.
+    let group = p.group.clamp(1, 32);
+    let shift = group.trailing_zeros();
+    let planes = 32 >> shift;
+    let (slot, part) = (lane >> shift, lane & (group - 1));
+    let stage_bytes = pooling_global_stage_bytes(group as usize, p.len as usize, size as usize);
+    let stage = dynamic_smem() + warp_id() * stage_bytes as u32;
+    let warps = grid_dim_x() * (block_dim_x() / 32);
+    // This lane's elements of a plane: `part`, `part + group`, ..
+    let count = if part < p.len {
+        (p.len - part).div_ceil(group)
+    } else {
+        0
+    };
+    let mut first = (global_thread_x() / 32) as u32 * planes;
+    while first < p.outputs {
+        let rows = (p.outputs - first).min(planes);
+        // Bytes `start..end` of x are the planes'; the copy starts at the 16-byte boundary
+        // `base` (inside x, which is aligned) and zero-fills past `end`.
+        let start = first * p.len * size;
+        let end = start + rows * p.len * size;
+        let base = start & !15;
+        let mut at = base + lane * 16;
+        while at < end {
+            let src = (x as *const u8).add(at as usize);
+            cp_async_16(stage + (at - base), src, (end - at).min(16));
+            at += 32 * 16;
+        }
+        cp_async_commit();
+        cp_async_wait(0);
+        sync_warp();
+        let active = slot < rows;
+        let mut acc = [identity::<OP>(); 4];
+        if active {
+            // Byte offset in the stage of element `i` of this lane's plane.
+            let plane = start - base + slot * p.len * size;
+            let element = |k: u32| staged_element::<T>(stage, plane + (part + k * group) * size);
+            let mut k = if p.len % 2 == 0 && count > 0 {
+                slot % count
+            } else {
+                0
+            };
+            let next = |k: u32| if k + 1 == count { 0 } else { k + 1 };
+            let mut left = count;
+            while left >= 4 {
+                crate::unrolled!(j in 4 => {
+                    acc[j] = combine::<OP>(acc[j], element(k));
+                    k = next(k);
+                });
+                left -= 4;
+            }
+            while left > 0 {
+                acc[0] = combine::<OP>(acc[0], element(k));
+                k = next(k);
+                left -= 1;
+            }
+        }
+        let mine = acc.into_iter().fold(identity::<OP>(), comb);
+        let total = group_reduce(mine, group, comb, shfl_xor_f32);
+        if active && part == 0 {
+            let (n, c) = p.c.div_rem(first + slot);
+            write_global::<T, OP>(p, y, n, c, total);
+        }
+        // The next planes overwrite the stage.
+        sync_warp();
+        first += planes * warps;
+    }
+}
+
+/// The element of `T` at byte offset `byte` of the shared memory from `stage`, as f32.
+///
+/// # Safety
+/// `stage` is 4-byte aligned; the element lies in this warp's stage, copied before a
+/// barrier.
+#[inline(always)]
+unsafe fn staged_element<T: Element>(stage: u32, byte: u32) -> f32 {
+    let word = ld_shared_u32(stage + (byte & !3));
+    // f32: the word itself; 16-bit types: its low or high half.
+    T::unpack::<2>([word, 0, 0, 0])[((byte >> 1) & 1) as usize]
+}
+
 /// Global pooling over channel-contiguous x: vectors of `K` channels across the block's
 /// columns, spatial positions across its rows, rows combined in order through shared memory.
 #[inline(always)]
@@ -762,6 +879,78 @@ unsafe fn bwd_gather<T: Element, const K: usize, const OP: u32>(
         }
         let at = row_offset(&p.dx, n, c) + spatial_offset(&p.dx, s);
         store_blended::<T, K>(w, dx.add(at as usize), acc);
+    })
+}
+
+/// Global average backward: every dx element (or vector of `K` channels) of plane
+/// `(n, c)` takes `dy[n, c] / volume` (the window covers the input and has no padding, so
+/// its count is its volume whether padding counts or not). A thread per dx element or
+/// vector, with no window arithmetic ([`bwd_gather`] works out the windows over each
+/// element).
+#[inline(always)]
+unsafe fn bwd_global_avg<T: Element, const K: usize>(
+    p: &PoolingBwdParams,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    grid_stride(p.items.len as u64, |i| {
+        let PoolCoord { n, c, s } = p.items.at(i as u32);
+        let c = c * K as u32;
+        let g = load::<T, K>(dy.add(row_offset(&p.dy, n, c) as usize));
+        let at = row_offset(&p.dx, n, c) + spatial_offset(&p.dx, s);
+        store_blended::<T, K>(w, dx.add(at as usize), g.map(|v| v * w.inv_volume));
+    })
+}
+
+/// Global average backward over dx planes stored back to back (NCHW): a thread per
+/// 16-byte vector of dx's `items.len` elements, each element taking its plane's `dy /
+/// volume` (the planes change within a vector where they are shorter than it or end in
+/// it). [`bwd_global_avg`] has a thread per element (a 4-byte or 2-byte store each).
+///
+/// # Safety
+/// As `pooling_bwd_global_avg_*`, with dx 16-byte aligned, its planes back to back (unit
+/// spatial stride, `dx_c = len`, `dx_n = c * len`, `p.plane_len` dividing by `len`) and
+/// `items.len` its elements.
+#[inline(always)]
+unsafe fn bwd_global_avg_flat<T: Element, const V: usize>(
+    p: &PoolingBwdParams,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const { assert!(V * size_of::<T>() == 16) };
+    let w = &p.win;
+    let total = p.items.len;
+    let planes = p.plane_len.div(p.items.len);
+    let scaled = |plane: u32| {
+        let (n, c) = p.items.c.div_rem(plane);
+        T::load(dy.add(row_offset(&p.dy, n, c) as usize)) * w.inv_volume
+    };
+    grid_stride(total.div_ceil(V as u32) as u64, |i| {
+        let first = i as u32 * V as u32;
+        let (mut plane, mut at) = p.plane_len.div_rem(first);
+        let mut g = scaled(plane);
+        let mut v = [0.0f32; V];
+        crate::unrolled!(k in V => {
+            if at == p.plane_len.divisor {
+                (plane, at) = (plane + 1, 0);
+                if plane < planes {
+                    g = scaled(plane);
+                }
+            }
+            v[k] = g;
+            at += 1;
+        });
+        let out = dx.add(first as usize);
+        if first + V as u32 <= total {
+            store_blended::<T, V>(w, out, v);
+        } else {
+            crate::unrolled!(k in V => {
+                if first + (k as u32) < total {
+                    store_blended::<T, 1>(w, out.add(k), [v[k]]);
+                }
+            });
+        }
     })
 }
 
@@ -1772,6 +1961,15 @@ macro_rules! pooling_entry_points {
                 with_op!(p.kind, p.propagate_nan, |OP| fwd_global::<$T, OP>(&p, x, y))
             }
             /// # Safety
+            /// As `pooling_fwd_global_*`, with x's planes back to back and short, as
+            /// `fwd_global_staged` states, and its shared memory.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_global_staged_ $dt>](
+                p: PoolingGlobalParams, x: *const $T, y: *mut $T,
+            ) {
+                with_op!(p.kind, p.propagate_nan, |OP| fwd_global_staged::<$T, OP>(&p, x, y))
+            }
+            /// # Safety
             /// As `pooling_fwd_global_*`; x channel-contiguous and 16-byte aligned, its
             /// other strides multiples of the vector; `rows * cols <= 256`.
             #[unsafe(no_mangle)]
@@ -1797,6 +1995,32 @@ macro_rules! pooling_entry_points {
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
                 bwd_gather::<$T, 1, AVG>(&p, x, y, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_avg_*`, for a global window (the input's extents,
+            /// no padding).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_global_avg_ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_global_avg::<$T, 1>(&p, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_global_avg_*`, with dx's planes back to back and aligned as
+            /// `bwd_global_avg_flat` states.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_global_avg_flat_ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_global_avg_flat::<$T, { 16 / size_of::<$T>() }>(&p, dy, dx)
+            }
+            /// # Safety
+            /// As `pooling_bwd_gather_vec_avg_*`, for a global window.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_global_vec_avg_ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                with_vector!($T, |K| bwd_global_avg::<$T, K>(&p, dy, dx))
             }
             /// # Safety
             /// As `pooling_bwd_gather_max_*`; every operand channel-contiguous as for
@@ -1968,26 +2192,33 @@ crate::for_each_dtype!(band_entry_points);
 /// The compile-time window shapes of `pooling_fwd_strip_<shape>_*` ([`fwd_strip`]): the name,
 /// then the depth window, the (square) window along h and w, its stride, the padding
 /// along w.
+/// Entry points come in two vector widths: `pooling_fwd_strip_<shape>_*` loads 16 bytes a
+/// row, `pooling_fwd_strip8_<shape>_*` 8 bytes.
 macro_rules! strip_entry_points {
     ($dt:ident, $T:ty) => {
-        strip_entry_points!(@each $dt, $T,
+        strip_entry_points!(@width $dt, $T, [pooling_fwd_strip_] 16);
+        strip_entry_points!(@width $dt, $T, [pooling_fwd_strip8_] 8);
+    };
+    (@width $dt:ident, $T:ty, [$prefix:ident] $bytes:literal) => {
+        strip_entry_points!(@each $dt, $T, $prefix, $bytes,
             [2 x 2 s 2 p 0] (1, 2, 2, 0) [2 x 2 s 1 p 0] (1, 2, 1, 0)
             [3 x 3 s 2 p 0] (1, 3, 2, 0) [3 x 3 s 2 p 1] (1, 3, 2, 1)
             [3 x 3 s 1 p 1] (1, 3, 1, 1) [2 x 2 x 2 s 2 p 0] (2, 2, 2, 0));
     };
-    (@each $dt:ident, $T:ty, $([$($name:tt)*] ($wd:literal, $win:literal, $s:literal,
-        $pad:literal))*) => {
+    (@each $dt:ident, $T:ty, $prefix:ident, $bytes:literal, $([$($name:tt)*] ($wd:literal,
+        $win:literal, $s:literal, $pad:literal))*) => {
         paste::paste! { $(
             /// # Safety
             /// As `pooling_fwd_window_*`, for windows of the shape in the name (depth x h x
             /// w, the stride along h and w, the padding along w); `items` counting w in
-            /// strips of `16 / size / stride` outputs; x 16-byte aligned with unit w
-            /// stride, its other strides and w extent multiples of `16 / size`.
+            /// strips of `V / stride` outputs, `V` the elements of a vector (16 bytes for
+            /// `pooling_fwd_strip_*`, 8 for `pooling_fwd_strip8_*`); x aligned to a vector
+            /// with unit w stride, its other strides and w extent multiples of `V`.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_strip_ $($name)* _ $dt>](
+            pub unsafe extern "ptx-kernel" fn [<$prefix $($name)* _ $dt>](
                 p: PoolingFwdParams, x: *const $T, y: *mut $T,
             ) {
-                const V: usize = 16 / size_of::<$T>();
+                const V: usize = $bytes / size_of::<$T>();
                 with_op!(p.win.kind, p.win.propagate_nan, |OP| {
                     fwd_strip::<$T, OP, $wd, $win, $s, $pad, V, { V / $s }, { V + $win - $s }>(
                         &p, x, y,

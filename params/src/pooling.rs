@@ -19,6 +19,19 @@ pub const POOLING_REGION_CELLS: usize = 2;
 /// lane groups by them).
 pub const POOLING_GLOBAL_LOADS: usize = 8;
 
+/// Longest plane (in elements) `pooling_fwd_global_staged_*` takes.
+pub const POOLING_GLOBAL_STAGED_LEN: usize = 128;
+
+/// Warps of a `pooling_fwd_global_staged_*` block.
+pub const POOLING_GLOBAL_STAGED_WARPS: usize = 4;
+
+/// Bytes of shared memory one warp of `pooling_fwd_global_staged_*` stages: its `32 /
+/// group` planes of `len` elements of `size` bytes, copied from the 16-byte boundary at or
+/// before their first byte (so up to 15 bytes more), in 16-byte chunks.
+pub const fn pooling_global_stage_bytes(group: usize, len: usize, size: usize) -> usize {
+    ((32 / group) * len * size + 16).next_multiple_of(16)
+}
+
 /// Channels one thread of a `pooling_bwd_cell_vec_*` kernel takes (its accumulators are a
 /// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
 pub const POOLING_CELL_VECTOR: usize = 4;
@@ -131,6 +144,12 @@ pub struct PoolingFwdParams {
 /// `pooling_fwd_global_*`: `group` lanes per output (a power of two up to 32), or one
 /// 256-thread block per output when `group > 32`; outputs counted `(n, c)`, `c` fastest.
 ///
+/// `pooling_fwd_global_staged_*`: planes stored back to back (`red_stride = 1`, `x_c =
+/// len`, `x_n = c * len`) of at most `POOLING_GLOBAL_STAGED_LEN` elements, `group` lanes a
+/// plane (a power of two up to 32); warp `w` of the launch takes outputs `w * 32 / group
+/// ..` (then every `warps * 32 / group`-th), blocks of `POOLING_GLOBAL_STAGED_WARPS` warps
+/// with [`pooling_global_stage_bytes`] of dynamic shared memory a warp.
+///
 /// `pooling_fwd_global_vec_*` (channel-contiguous x): block `b` takes image
 /// `b / tiles` and the `cols` channel vectors from `(b % tiles) * cols`; its threads form
 /// `rows x cols` (thread `t` at row `t / cols`), each row reducing every `rows`-th spatial
@@ -235,6 +254,11 @@ impl PoolBand {
 ///
 /// `pooling_bwd_gather_*` (and `_vec_`): one thread per dx element (or channel vector),
 /// gathering over the windows that contain it; `items` over dx's dims.
+
+/// `pooling_bwd_global_avg_*` (and `_vec_`): the average of a global window, one thread per
+/// dx element (or channel vector); `items` over dx's dims. `pooling_bwd_global_avg_flat_*`:
+/// dx's planes back to back (NCHW), one thread per 16-byte vector of its `items.len`
+/// elements, `plane_len` their planes' length.
 ///
 /// `pooling_bwd_tile_max_*` (and `_vec_`): a block per tile of cells (see [`PoolTile`]),
 /// windows through shared memory.
@@ -262,6 +286,9 @@ pub struct PoolingBwdParams {
     pub cell_slots: [u32; POOLING_MAX_CELL],
     pub tile: PoolTile,
     pub band: PoolBand,
+    /// Divides by a plane's spatial volume: `pooling_bwd_global_avg_flat_*` counts dx's
+    /// elements (its planes back to back) and finds each one's plane with it.
+    pub plane_len: FastDivisor,
     /// Strides over `[n, c, d, h, w]`.
     pub x: [u32; 5],
     pub y: [u32; 5],

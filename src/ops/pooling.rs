@@ -57,9 +57,10 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    FastDivisor, PoolBand, PoolItems, PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR,
-    POOLING_GLOBAL_LOADS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    pooling_global_stage_bytes, FastDivisor, PoolBand, PoolItems, PoolTile, PoolWindow,
+    PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind, BLOCK_THREADS,
+    POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS, POOLING_GLOBAL_STAGED_LEN,
+    POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -676,6 +677,14 @@ fn rows_of_vectors(strides: &[u32; 5], width: usize, v: usize) -> bool {
         && strides[..4].iter().all(|s| s.is_multiple_of(v as u32))
 }
 
+/// Whether the `(n, c)` planes of a tensor with these strides (its spatial elements one
+/// run of unit stride) lie back to back, `c` then `n`: `c` strides a plane's volume and
+/// `n` a whole image.
+fn planes_back_to_back(strides: &[u32; 5], g: &Geometry) -> bool {
+    let len: usize = g.input.iter().product();
+    strides[1] as usize == len && (g.n == 1 || strides[0] as usize == g.c * len)
+}
+
 /// Whether items over a tensor with these strides should count channels innermost: its
 /// channel stride is below every spatial stride.
 pub(crate) fn channels_last(strides: &[u32; 5]) -> bool {
@@ -747,7 +756,12 @@ fn forward_plan(
     if g.is_global() {
         if let Some(red_stride) = spatial_run(&xs, g.input) {
             let vec = aligned && channel_vectors(g.c, k, &[xs]);
-            return global_plan(pooling, g, dtype, xs, ys, red_stride, vec, sm_count);
+            let layout = GlobalLayout {
+                red_stride,
+                vec,
+                aligned,
+            };
+            return global_plan(pooling, g, dtype, xs, ys, layout, sm_count);
         }
     }
     let vec = aligned && channel_vectors(g.c, k, &[xs, ys]);
@@ -779,48 +793,86 @@ fn forward_plan(
 }
 
 /// The forward strip kernel compiled for this window, if there is one, and the outputs
-/// along w each of its threads takes: x's rows contiguous along w in whole 16-byte vectors
-/// (unit w stride, the w extent and every other stride multiples of the vector, aligned),
-/// and windows of 2x2 (strides 1 or 2), 3x3 (stride 2 unpadded or padded by 1 along w,
-/// stride 1 padded by 1), or 2x2x2 at stride 2 unpadded along w (the depth window 1 for
-/// the 2-D shapes; any depth stride and any padding along d and h). A thread loads its
-/// windows' rows as one vector and a few single elements each (`fwd_strip`), where the
-/// window kernel loads every element of every window singly.
+/// along w each of its threads takes: x's rows contiguous along w in whole vectors of 16
+/// bytes, or else of 8 (unit w stride, the w extent and every other stride multiples of
+/// the vector, aligned), and windows of 2x2 (strides 1 or 2), 3x3 (stride 2 unpadded or
+/// padded by 1 along w, stride 1 padded by 1), or 2x2x2 at stride 2 unpadded along w (the
+/// depth window 1 for the 2-D shapes; any depth stride and any padding along d and h). A
+/// thread loads its windows' rows as one vector and a few single elements each
+/// (`fwd_strip`), where the window kernel loads every element of every window singly.
 fn strip_kernel(
     g: &Geometry,
     dtype: DataType,
     xs: &[u32; 5],
     aligned: bool,
 ) -> Option<(&'static str, usize)> {
-    let v = 16 / dtype.size_bytes();
-    let rows_of_vectors = aligned && rows_of_vectors(xs, g.input[2], v);
     let square = g.window[1] == g.window[2] && g.stride[1] == g.stride[2];
-    if !rows_of_vectors || !square {
+    if !aligned || !square {
         return None;
     }
-    let kernel = match (g.window[0], g.window[2], g.stride[2], g.pad[2]) {
-        (1, 2, 2, 0) => kernels::pooling_fwd_strip_2x2s2p0(dtype),
-        (1, 2, 1, 0) => kernels::pooling_fwd_strip_2x2s1p0(dtype),
-        (1, 3, 2, 0) => kernels::pooling_fwd_strip_3x3s2p0(dtype),
-        (1, 3, 2, 1) => kernels::pooling_fwd_strip_3x3s2p1(dtype),
-        (1, 3, 1, 1) => kernels::pooling_fwd_strip_3x3s1p1(dtype),
-        (2, 2, 2, 0) => kernels::pooling_fwd_strip_2x2x2s2p0(dtype),
-        _ => None,
-    }?;
-    Some((kernel, v / g.stride[2]))
+    type Kernel = fn(DataType) -> Option<&'static str>;
+    // (16-byte, 8-byte) vector kernels of the shape.
+    let (wide, narrow): (Kernel, Kernel) = match (g.window[0], g.window[2], g.stride[2], g.pad[2]) {
+        (1, 2, 2, 0) => (
+            kernels::pooling_fwd_strip_2x2s2p0,
+            kernels::pooling_fwd_strip8_2x2s2p0,
+        ),
+        (1, 2, 1, 0) => (
+            kernels::pooling_fwd_strip_2x2s1p0,
+            kernels::pooling_fwd_strip8_2x2s1p0,
+        ),
+        (1, 3, 2, 0) => (
+            kernels::pooling_fwd_strip_3x3s2p0,
+            kernels::pooling_fwd_strip8_3x3s2p0,
+        ),
+        (1, 3, 2, 1) => (
+            kernels::pooling_fwd_strip_3x3s2p1,
+            kernels::pooling_fwd_strip8_3x3s2p1,
+        ),
+        (1, 3, 1, 1) => (
+            kernels::pooling_fwd_strip_3x3s1p1,
+            kernels::pooling_fwd_strip8_3x3s1p1,
+        ),
+        (2, 2, 2, 0) => (
+            kernels::pooling_fwd_strip_2x2x2s2p0,
+            kernels::pooling_fwd_strip8_2x2x2s2p0,
+        ),
+        _ => return None,
+    };
+    [(16, wide), (8, narrow)]
+        .into_iter()
+        .map(|(bytes, kernel)| (bytes / dtype.size_bytes(), kernel))
+        .find(|&(v, _)| rows_of_vectors(xs, g.input[2], v))
+        .and_then(|(v, kernel)| Some((kernel(dtype)?, v / g.stride[2])))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How x's planes lie, for [`global_plan`].
+struct GlobalLayout {
+    /// The stride of a plane's elements (they form one run).
+    red_stride: u32,
+    /// Channel-contiguous, in 16-byte vectors.
+    vec: bool,
+    /// 16-byte aligned.
+    aligned: bool,
+}
+
+/// Global pooling: over channel vectors, the vector kernel; f32 planes of at most
+/// `POOLING_GLOBAL_STAGED_LEN` elements stored back to back (NCHW 7x7), a warp per few
+/// planes staged through shared memory; otherwise a group of lanes, or a block, a plane.
 fn global_plan(
     pooling: &PoolingDescriptor,
     g: &Geometry,
     dtype: DataType,
     xs: [u32; 5],
     ys: [u32; 5],
-    red_stride: u32,
-    vec: bool,
+    layout: GlobalLayout,
     sm_count: u32,
 ) -> Result<ForwardPlan> {
+    let GlobalLayout {
+        red_stride,
+        vec,
+        aligned,
+    } = layout;
     let len: usize = g.input.iter().product();
     let outputs = g.n * g.c;
     if outputs > u32::MAX as usize {
@@ -871,6 +923,34 @@ fn global_plan(
         return Ok(ForwardPlan {
             kernel: kernels::pooling_fwd_global_vec(dtype).ok_or_else(missing)?,
             cfg: LaunchConfig::for_threads(blocks * BLOCK_THREADS as u64, BLOCK_THREADS)?,
+            how: ForwardKernel::Global(p),
+        });
+    }
+    let back_to_back = red_stride == 1 && planes_back_to_back(&xs, g);
+    let bytes = outputs * len * dtype.size_bytes();
+    // f32 only: its lanes reduce a word an element; the 16-bit types' staged reductions
+    // (a shared-memory read and a conversion an element, one lane a plane) lose to the
+    // group kernel (H100, 32x2048x7x7 f16: 11.9 against 10.3 µs; f32: 10.4 against 12.1).
+    let staged = dtype.size_bytes() == 4
+        && aligned
+        && back_to_back
+        && len <= POOLING_GLOBAL_STAGED_LEN
+        && bytes <= u32::MAX as usize;
+    if staged {
+        // A lane a plane up to 64 elements (32 planes a warp), two beyond. Four lanes a
+        // 7x7 plane ran slower (H100, 32x2048x7x7: f32 10.1 -> 10.4 µs, f16 10.3 -> 14.8):
+        // planes 49 words apart put the groups' reads in the same banks, and four times
+        // the warps each pay the copy's round trip and barriers.
+        p.group = len.div_ceil(64).next_power_of_two().min(32) as u32;
+        let warps = outputs.div_ceil(32 / p.group as usize) as u64;
+        let threads = (POOLING_GLOBAL_STAGED_WARPS * 32) as u32;
+        let mut cfg = LaunchConfig::for_threads(warps * 32, threads)?;
+        cfg.grid = cfg.grid.min(32 * sm_count.max(1));
+        let stage = pooling_global_stage_bytes(p.group as usize, len, dtype.size_bytes());
+        cfg.shared_bytes = (POOLING_GLOBAL_STAGED_WARPS * stage) as u32;
+        return Ok(ForwardPlan {
+            kernel: kernels::pooling_fwd_global_staged(dtype).ok_or_else(missing)?,
+            cfg,
             how: ForwardKernel::Global(p),
         });
     }
@@ -925,7 +1005,10 @@ fn launch_forward(
             p.alpha = win.alpha;
             p.beta = win.beta;
             // SAFETY: as above: outputs cover (n, c) of y, reductions run over x's spatial
-            // run, inside its span.
+            // run, inside its span. The staged kernel runs only on aligned x whose planes
+            // lie back to back (so the outputs' planes span `outputs * len` elements from x,
+            // below 2^32) and are at most POOLING_GLOBAL_STAGED_LEN long, with the shared
+            // memory global_plan sized for its warps.
             unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
         }
     }
@@ -1047,8 +1130,9 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// square 2-D windows with cell kernels of their own: 142 against 531 µs on 3x3/s2 f32
 /// NCHW, where the general band kernel takes 314), tiles otherwise. Global
 /// pooling and larger windows: the gather. Average: the gather over channel vectors and
-/// where a cell is one element (global pooling); cells otherwise (2x faster than the
-/// gather on 2x2/s2 NCHW, 4x with the strip kernel: 51 against 203 µs in f32).
+/// where a cell is one element (global pooling, whose gather is a kernel of its own that
+/// copies each plane's scaled dy); cells otherwise (2x faster than the gather on 2x2/s2
+/// NCHW, 4x with the strip kernel: 51 against 203 µs in f32).
 fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
     let cell = cell_len(g);
     if pooling.mode.is_max() {
@@ -1225,6 +1309,13 @@ fn backward_plan(
     let vec = vectors(k);
     let c = if vec { g.c / k } else { g.c };
     use PoolingBwdAlgo::{Cell, Gather, Tile};
+    // The global average over dx planes back to back and aligned: the flat kernel, a
+    // thread per 16-byte vector of dx.
+    let global_avg_flat = (algo, vec, max) == (Gather, false, false)
+        && g.is_global()
+        && aligned
+        && spatial_run(&strides[3], g.input) == Some(1)
+        && planes_back_to_back(&strides[3], g);
     // Kernels compiled for a window shape, with the dx columns each thread takes.
     let shaped = match (algo, vec, max) {
         (Cell, false, true) => cell_region_kernel(g, dtype),
@@ -1249,8 +1340,11 @@ fn backward_plan(
         (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
         (Cell, false, false) => kernels::pooling_bwd_cell_avg(dtype),
         (Gather, true, true) => kernels::pooling_bwd_gather_vec_max(dtype),
+        (Gather, true, false) if g.is_global() => kernels::pooling_bwd_global_vec_avg(dtype),
         (Gather, true, false) => kernels::pooling_bwd_gather_vec_avg(dtype),
         (Gather, false, true) => kernels::pooling_bwd_gather_max(dtype),
+        (Gather, false, false) if global_avg_flat => kernels::pooling_bwd_global_avg_flat(dtype),
+        (Gather, false, false) if g.is_global() => kernels::pooling_bwd_global_avg(dtype),
         (Gather, false, false) => kernels::pooling_bwd_gather_avg(dtype),
     }
     .ok_or_else(|| unsupported("backward", dtype))?;
@@ -1299,13 +1393,18 @@ fn backward_plan(
         _ => g.input,
     };
     let items = items([g.n, c, d, h, w], vec || channels_last(&strides[3]))?;
+    let per_thread = if global_avg_flat {
+        16 / dtype.size_bytes()
+    } else {
+        1
+    };
     Ok(BackwardPlan {
         kernel,
         algo,
         items,
         tile: PoolTile::default(),
         band: PoolBand::default(),
-        cfg: grid_stride_config(items.len as u64, sm_count)?,
+        cfg: grid_stride_config((items.len as u64).div_ceil(per_thread as u64), sm_count)?,
     })
 }
 
@@ -1327,6 +1426,7 @@ fn launch_backward(
         cell_slots: [0; POOLING_MAX_CELL],
         tile: plan.tile,
         band: plan.band,
+        plane_len: FastDivisor::new(g.input.iter().product::<usize>() as u32),
         x: strides5(x_desc)?,
         y: strides5(y_desc)?,
         dy: strides5(dy_desc)?,
@@ -1353,6 +1453,8 @@ fn launch_backward(
     // channel-contiguous, 16-byte aligned operands; the shaped cell kernels only on their
     // window shapes, with dx vector stores only where dx allows them (checked in the
     // kernel, or by avg_strip_kernel for the average strips); the band kernel only on
-    // 2-D windows, with the shared memory band_plan sized for its rows.
+    // 2-D windows, with the shared memory band_plan sized for its rows; the flat global
+    // average only on aligned dx whose planes lie back to back, its items counting dx's
+    // elements and plane_len their planes' volume.
     unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
 }
