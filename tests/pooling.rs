@@ -1284,15 +1284,14 @@ fn gpu_depth_planes_in_no_window_take_no_gradient() {
 }
 
 /// Global pooling over planes stored back to back (channels first), taken in f32 by the
-/// staged forward (a warp per few planes) up to 128 elements a plane, and the global average
-/// backward's flat kernel (a thread per 16-byte vector of dx): planes of 65 to 128
-/// elements (two lanes each, combined by a shuffle), the last warp's planes cut short
-/// with a partial last vector (111 planes),
-/// even plane lengths (whose lanes start their reads apart), planes shorter than a vector,
-/// the longest plane and one past it, 3-D planes, and more planes than the launch has
-/// warps for at once (the warps loop); channels last, with planes interleaved, takes the
-/// group kernel and the per-element backward. Every mode and dtype, against the
-/// reference.
+/// staged forward (a warp per few planes) up to 128 elements a plane, and the global
+/// average backward's flat kernel (a thread per 16-byte vector of dx): planes of 65 to 128
+/// elements (two lanes each, combined by a shuffle) and longer ones (the group kernel),
+/// the last warp's planes cut short with a partial last vector (111 planes), even plane
+/// lengths (whose lanes start their reads apart), planes shorter than a vector, 3-D
+/// planes, and more planes than the launch has warps for at once (the warps loop);
+/// channels last, with planes interleaved, takes the group kernel and the per-element
+/// backward. Every mode and dtype, against the reference.
 #[test]
 fn gpu_global_planes_back_to_back_match_the_reference() {
     with_gpu("gpu_global_planes_back_to_back_match_the_reference", |h| {
