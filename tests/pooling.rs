@@ -649,9 +649,9 @@ const DATA_AND_BLENDS: [(Data, (f64, f64)); 4] = [
 /// else none (the window kernel).
 fn strip_kernel(shape: &str, w: usize, dt: DataType) -> String {
     let row_bytes = w * dt.size_bytes();
-    if row_bytes % 16 == 0 {
+    if row_bytes.is_multiple_of(16) {
         format!("pooling_fwd_strip_{shape}_{dt}")
-    } else if row_bytes % 8 == 0 {
+    } else if row_bytes.is_multiple_of(8) {
         format!("pooling_fwd_strip8_{shape}_{dt}")
     } else {
         format!("pooling_fwd_window_{dt}")
@@ -924,7 +924,7 @@ fn gpu_every_kernel_matches_the_reference() {
                     && stride == [2, 2]
                     && padding == [0, 0]
                     && layout == first
-                    && (dims[3] * dt.size_bytes()) % 16 == 0
+                    && (dims[3] * dt.size_bytes()).is_multiple_of(16)
             };
             for mode in PoolingMode::ALL {
                 let pool =

@@ -254,7 +254,7 @@ impl PoolBand {
 ///
 /// `pooling_bwd_gather_*` (and `_vec_`): one thread per dx element (or channel vector),
 /// gathering over the windows that contain it; `items` over dx's dims.
-
+///
 /// `pooling_bwd_global_avg_*` (and `_vec_`): the average of a global window, one thread per
 /// dx element (or channel vector); `items` over dx's dims. `pooling_bwd_global_avg_flat_*`:
 /// dx's planes back to back (NCHW), one thread per 16-byte vector of its `items.len`
