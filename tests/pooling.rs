@@ -1009,6 +1009,55 @@ fn gpu_every_kernel_matches_the_reference() {
     });
 }
 
+/// Every forward strip shape over rows of whole 8-byte vectors that are not whole 16-byte
+/// ones, in each dtype: rows of 14 (f32: its 8-byte strips; 16-bit types: no strip) and 12
+/// (16-bit types: their 8-byte strips; f32: its 16-byte strips), every mode, ties, NaN and
+/// blends, against the reference.
+#[test]
+fn gpu_every_strip_shape_over_8_byte_rows_matches_the_reference() {
+    with_gpu(
+        "gpu_every_strip_shape_over_8_byte_rows_matches_the_reference",
+        |h| {
+            // (shape, window, padding, stride)
+            let shapes: [(&str, &[usize], &[usize], &[usize]); 6] = [
+                ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
+                ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
+                ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),
+                ("3x3s2p1", &[3, 3], &[1, 1], &[2, 2]),
+                ("3x3s1p1", &[3, 3], &[1, 1], &[1, 1]),
+                ("2x2x2s2p0", &[2, 2, 2], &[1, 0, 0], &[2, 2, 2]),
+            ];
+            for (shape, window, padding, stride) in shapes {
+                for w in [14, 12] {
+                    let dims: Vec<usize> = if window.len() == 3 {
+                        vec![2, 3, 4, 7, w]
+                    } else {
+                        vec![2, 3, 7, w]
+                    };
+                    for mode in PoolingMode::ALL {
+                        let pool =
+                            PoolingDescriptor::new_nd(mode, PROPAGATE, window, padding, stride)
+                                .unwrap();
+                        for dt in DataType::GPU {
+                            for (data, ab) in DATA_AND_BLENDS {
+                                let p =
+                                    dense_problem(pool, dt, &dims, Layout::ChannelsFirst, data, ab);
+                                let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                                assert_eq!(
+                                    f,
+                                    strip_kernel(shape, w, dt),
+                                    "forward kernel of {p:?}"
+                                );
+                                check_forward(h, &p);
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
+
 /// The max backward's bands of rows against the reference: planes cut into several bands
 /// (the last one short), strides that skip rows, windows taller than wide, a band of one row
 /// where wider ones take too much shared memory, 1-D and 3-D windows of depth 1, and x and
