@@ -1019,7 +1019,13 @@ fn gpu_every_strip_shape_over_8_byte_rows_matches_the_reference() {
         "gpu_every_strip_shape_over_8_byte_rows_matches_the_reference",
         |h| {
             // (shape, window, padding, stride)
-            let shapes: [(&str, &[usize], &[usize], &[usize]); 6] = [
+            type Shape = (
+                &'static str,
+                &'static [usize],
+                &'static [usize],
+                &'static [usize],
+            );
+            let shapes: [Shape; 6] = [
                 ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
                 ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
                 ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),
