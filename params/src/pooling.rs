@@ -19,13 +19,13 @@ pub const POOLING_REGION_CELLS: usize = 2;
 /// lane groups by them).
 pub const POOLING_GLOBAL_LOADS: usize = 8;
 
-/// Longest plane (in elements) `pooling_fwd_global_staged_*` takes.
+/// Longest plane (in elements) `pooling_fwd_global_staged_f32` takes.
 pub const POOLING_GLOBAL_STAGED_LEN: usize = 128;
 
-/// Warps of a `pooling_fwd_global_staged_*` block.
+/// Warps of a `pooling_fwd_global_staged_f32` block.
 pub const POOLING_GLOBAL_STAGED_WARPS: usize = 4;
 
-/// Bytes of shared memory one warp of `pooling_fwd_global_staged_*` stages: its `32 /
+/// Bytes of shared memory one warp of `pooling_fwd_global_staged_f32` stages: its `32 /
 /// group` planes of `len` elements of `size` bytes, copied from the 16-byte boundary at or
 /// before their first byte (so up to 15 bytes more), in 16-byte chunks.
 pub const fn pooling_global_stage_bytes(group: usize, len: usize, size: usize) -> usize {
@@ -144,7 +144,7 @@ pub struct PoolingFwdParams {
 /// `pooling_fwd_global_*`: `group` lanes per output (a power of two up to 32), or one
 /// 256-thread block per output when `group > 32`; outputs counted `(n, c)`, `c` fastest.
 ///
-/// `pooling_fwd_global_staged_*`: planes stored back to back (`red_stride = 1`, `x_c =
+/// `pooling_fwd_global_staged_f32`: planes stored back to back (`red_stride = 1`, `x_c =
 /// len`, `x_n = c * len`) of at most `POOLING_GLOBAL_STAGED_LEN` elements, `group` lanes a
 /// plane (a power of two up to 32); warp `w` of the launch takes outputs `w * 32 / group
 /// ..` (then every `warps * 32 / group`-th), blocks of `POOLING_GLOBAL_STAGED_WARPS` warps
