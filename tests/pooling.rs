@@ -685,7 +685,7 @@ fn gpu_every_kernel_matches_the_reference() {
             Layout,
             &'static str,
         );
-        let cases: [Case; 23] = [
+        let cases: [Case; 24] = [
             (
                 &[3, 3],
                 &[1, 1],
@@ -848,13 +848,23 @@ fn gpu_every_kernel_matches_the_reference() {
                 first,
                 "pooling_fwd_strip_3x3s2p1_",
             ),
-            // f32 planes of at most 128 elements back to back: staged, a warp per 32
-            // planes.
+            // 16-bit planes of up to 57 elements back to back: a thread a plane (f32:
+            // staged, a warp per 32 planes).
             (
                 &[7, 7],
                 &[0, 0],
                 &[1, 1],
                 &[3, 5, 7, 7],
+                first,
+                "pooling_fwd_global_lane_",
+            ),
+            // Longer f32 planes of at most 128 elements: staged (16-bit: a group of
+            // lanes a plane).
+            (
+                &[8, 8],
+                &[0, 0],
+                &[1, 1],
+                &[3, 5, 8, 8],
                 first,
                 "pooling_fwd_global_staged_",
             ),
@@ -937,9 +947,13 @@ fn gpu_every_kernel_matches_the_reference() {
                             Some(shape) => {
                                 strip_kernel(shape.trim_end_matches('_'), dims[dims.len() - 1], dt)
                             }
-                            // The staged global forward runs f32 only.
+                            // The staged global forward runs f32 only, the lane
+                            // forward the 16-bit types.
                             None if fwd.ends_with("staged_") && dt != DataType::F32 => {
                                 format!("pooling_fwd_global_{dt}")
+                            }
+                            None if fwd.ends_with("lane_") && dt == DataType::F32 => {
+                                format!("pooling_fwd_global_staged_{dt}")
                             }
                             None => format!("{fwd}{dt}"),
                         };
@@ -1338,45 +1352,47 @@ fn gpu_depth_planes_in_no_window_take_no_gradient() {
     });
 }
 
-/// Global pooling over planes stored back to back (channels first), taken in f32 by the
-/// staged forward (a warp per few planes) up to 128 elements a plane, and the global
-/// average backward's flat kernel (a thread per 16-byte vector of dx): planes of 65 to 128
-/// elements (two lanes each, combined by a shuffle) and longer ones (the group kernel),
-/// the last warp's planes cut short with a partial last vector (111 planes), even plane
-/// lengths (whose lanes start their reads apart), planes shorter than a vector, 3-D
-/// planes, and more planes than the launch has warps for at once (the warps loop);
-/// channels last, with planes interleaved, takes the group kernel and the per-element
-/// backward. Every mode and dtype, against the reference.
+/// Global pooling over planes stored back to back (channels first): in f32 the staged
+/// forward (a warp per few planes) up to 128 elements a plane, in the 16-bit types the lane
+/// forward (a thread a plane) up to 57, and the global average backward's flat kernel (a
+/// thread per 16-byte vector of dx). The cases: each side of the lane kernel's limit (57
+/// and 58 elements), planes of 65 to 128 elements (two staged lanes each, combined by a
+/// shuffle) and longer ones (the group kernel), x ending on a partial vector (111 planes of
+/// 7x7, 35 of 2x3), even plane lengths (whose staged lanes start their reads apart), planes
+/// shorter than a vector, 3-D planes, and more planes than the launch has threads or warps
+/// for at once (they loop); channels last, with planes interleaved, takes the group kernel
+/// and the per-element backward. Every mode and dtype, against the reference.
 #[test]
 fn gpu_global_planes_back_to_back_match_the_reference() {
     with_gpu("gpu_global_planes_back_to_back_match_the_reference", |h| {
         let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
-        // (dims, layout, forward kernel, average backward kernel)
-        let cases: [(&[usize], Layout, &str, &str); 10] = [
-            (&[3, 37, 7, 7], first, "staged_", "avg_flat_"),
-            (&[3, 37, 9, 9], first, "staged_", "avg_flat_"),
-            (&[2, 20, 8, 8], first, "staged_", "avg_flat_"),
-            (&[5, 7, 2, 3], first, "staged_", "avg_flat_"),
-            (&[1, 33, 1, 5], first, "staged_", "avg_flat_"),
-            (&[2, 5, 2, 3, 4], first, "staged_", "avg_flat_"),
-            (&[2, 3, 5, 13], first, "staged_", "avg_flat_"),
-            (&[2, 3, 11, 12], first, "", "avg_flat_"),
-            (&[700, 1024, 2, 2], first, "staged_", "avg_flat_"),
-            (&[2, 3, 5, 7], last, "", "avg_"),
+        // (dims, layout, f32 forward, 16-bit forward, average backward kernel)
+        let cases: [(&[usize], Layout, &str, &str, &str); 12] = [
+            (&[3, 37, 7, 7], first, "staged_", "lane_", "avg_flat_"),
+            (&[3, 37, 9, 9], first, "staged_", "", "avg_flat_"),
+            (&[2, 20, 8, 8], first, "staged_", "", "avg_flat_"),
+            (&[2, 3, 3, 19], first, "staged_", "lane_", "avg_flat_"),
+            (&[2, 3, 2, 29], first, "staged_", "", "avg_flat_"),
+            (&[5, 7, 2, 3], first, "staged_", "lane_", "avg_flat_"),
+            (&[1, 33, 1, 5], first, "staged_", "lane_", "avg_flat_"),
+            (&[2, 5, 2, 3, 4], first, "staged_", "lane_", "avg_flat_"),
+            (&[2, 3, 5, 13], first, "staged_", "", "avg_flat_"),
+            (&[2, 3, 11, 12], first, "", "", "avg_flat_"),
+            (&[1100, 1024, 2, 2], first, "staged_", "lane_", "avg_flat_"),
+            (&[2, 3, 5, 7], last, "", "", "avg_"),
         ];
-        for (dims, layout, fwd, avg_bwd) in cases {
+        for (dims, layout, fwd32, fwd16, avg_bwd) in cases {
             let big = dims[0] * dims[1] > 1 << 16;
             let pool_of = |mode| PoolingDescriptor::global(mode, PROPAGATE, &dims[2..]).unwrap();
             for mode in PoolingMode::ALL {
                 for dt in DataType::GPU {
                     for (data, ab) in DATA_AND_BLENDS {
-                        if big && (dt != DataType::F32 || !matches!(data, Data::Uniform)) {
+                        if big && (dt == DataType::BF16 || !matches!(data, Data::Uniform)) {
                             continue;
                         }
                         let p = dense_problem(pool_of(mode), dt, dims, layout, data, ab);
                         let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
-                        // The staged forward runs f32 only.
-                        let fwd = if dt == DataType::F32 { fwd } else { "" };
+                        let fwd = if dt == DataType::F32 { fwd32 } else { fwd16 };
                         assert_eq!(f, format!("pooling_fwd_global_{fwd}{dt}"), "{p:?}");
                         check_forward(h, &p);
                         let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x);
@@ -1434,10 +1450,14 @@ fn gpu_headline_shapes_take_the_fast_paths() {
         for dt in DataType::GPU {
             let x = TensorDescriptor::nchw(dt, 32, 2048, 7, 7).unwrap();
             let y = pooled(&gap, &x, Layout::ChannelsFirst);
-            let staged = if dt == DataType::F32 { "staged_" } else { "" };
+            let how = if dt == DataType::F32 {
+                "staged_"
+            } else {
+                "lane_"
+            };
             assert_eq!(
                 pooling_forward_kernel(h, &gap, &x, &y).unwrap(),
-                format!("pooling_fwd_global_{staged}{dt}")
+                format!("pooling_fwd_global_{how}{dt}")
             );
             assert_eq!(
                 pooling_backward_kernel(h, None, &gap, &x, &y, &y, &x).unwrap(),

@@ -32,6 +32,17 @@ pub const fn pooling_global_stage_bytes(group: usize, len: usize, size: usize) -
     ((32 / group) * len * size + 16).next_multiple_of(16)
 }
 
+/// Elements one lane of `pooling_fwd_global_lane_{f16,bf16}` loads, as 8 16-byte vectors:
+/// its plane, from the 16-byte boundary at or before the plane's first byte.
+pub const POOLING_GLOBAL_LANE_ELEMENTS: usize = 64;
+
+/// Whether a lane of `POOLING_GLOBAL_LANE_ELEMENTS` takes planes of `len` elements of `size`
+/// bytes: a plane starting as late as it can in its first vector (`16 - size` bytes in)
+/// still ends inside it (57 elements of a 16-bit type).
+pub const fn pooling_global_lane_fits(len: usize, size: usize) -> bool {
+    len >= 1 && 16 - size + len * size <= POOLING_GLOBAL_LANE_ELEMENTS * size
+}
+
 /// Channels one thread of a `pooling_bwd_cell_vec_*` kernel takes (its accumulators are a
 /// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
 pub const POOLING_CELL_VECTOR: usize = 4;
@@ -149,6 +160,10 @@ pub struct PoolingFwdParams {
 /// plane (a power of two up to 32); warp `w` of the launch takes outputs `w * 32 / group
 /// ..` (then every `warps * 32 / group`-th), blocks of `POOLING_GLOBAL_STAGED_WARPS` warps
 /// with [`pooling_global_stage_bytes`] of dynamic shared memory a warp.
+///
+/// `pooling_fwd_global_lane_{f16,bf16}`: planes stored back to back as for the staged
+/// kernel, short enough for [`pooling_global_lane_fits`], a thread a plane (thread `t` of
+/// the launch takes outputs `t`, `t + threads`, ..).
 ///
 /// `pooling_fwd_global_vec_*` (channel-contiguous x): block `b` takes image
 /// `b / tiles` and the `cols` channel vectors from `(b % tiles) * cols`; its threads form
@@ -294,4 +309,19 @@ pub struct PoolingBwdParams {
     pub y: [u32; 5],
     pub dy: [u32; 5],
     pub dx: [u32; 5],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lane_kernel_takes_planes_that_end_inside_its_window_from_any_start() {
+        // A 16-bit plane may start 7 elements into its first vector; 7 + 57 = 64.
+        assert!(pooling_global_lane_fits(1, 2));
+        assert!(pooling_global_lane_fits(49, 2));
+        assert!(pooling_global_lane_fits(57, 2));
+        assert!(!pooling_global_lane_fits(58, 2));
+        assert!(!pooling_global_lane_fits(0, 2));
+    }
 }
