@@ -928,17 +928,18 @@ fn global_plan(
             how: ForwardKernel::Global(p),
         });
     }
-    let back_to_back = red_stride == 1 && planes_back_to_back(&xs, g);
-    let bytes = outputs * len * dtype.size_bytes();
-    // 16-bit planes of up to 57 elements: a thread a plane, its vectors loaded at once
-    // (their 32-bit byte offsets run up to 256 bytes past a plane's start). 32x2048x7x7
-    // f16 on the H100: 7.7 µs, where the group kernel took 10.2. f32 keeps the staged
-    // kernel: its lane version ran 10.6 µs against the staged 10.3.
-    let lane = dtype.size_bytes() == 2
-        && aligned
-        && back_to_back
-        && pooling_global_lane_fits(len, dtype.size_bytes())
-        && bytes <= u32::MAX as usize - 256;
+    // The short-plane kernels take aligned planes stored back to back, addressed by 32-bit
+    // byte offsets (which run up to 256 bytes past a plane's start).
+    let planes_in_a_row = aligned
+        && red_stride == 1
+        && planes_back_to_back(&xs, g)
+        && outputs * len * dtype.size_bytes() <= u32::MAX as usize - 256;
+    // 16-bit planes of up to 57 elements: a thread a plane, its vectors loaded at once.
+    // 32x2048x7x7 f16 on the H100: 7.7 µs, where the group kernel took 10.2. f32 keeps the
+    // staged kernel: its lane version ran 10.6 µs against the staged 10.3.
+    let lane = planes_in_a_row
+        && dtype.size_bytes() == 2
+        && pooling_global_lane_fits(len, dtype.size_bytes());
     if lane {
         p.group = 1;
         return Ok(ForwardPlan {
@@ -950,11 +951,7 @@ fn global_plan(
     // f32 only: its lanes reduce a word an element; the 16-bit types' staged reductions
     // (a shared-memory read and a conversion an element, one lane a plane) lost to the
     // group kernel (H100, 32x2048x7x7 f16: 11.9 against 10.3 µs; f32: 10.4 against 12.1).
-    let staged = dtype.size_bytes() == 4
-        && aligned
-        && back_to_back
-        && len <= POOLING_GLOBAL_STAGED_LEN
-        && bytes <= u32::MAX as usize;
+    let staged = planes_in_a_row && dtype.size_bytes() == 4 && len <= POOLING_GLOBAL_STAGED_LEN;
     if staged {
         // A lane a plane up to 64 elements (32 planes a warp), two beyond. Four lanes a
         // 7x7 plane ran slower (H100, 32x2048x7x7: f32 10.1 -> 10.4 µs, f16 10.3 -> 14.8):
