@@ -513,17 +513,28 @@ fn gpu_every_kernel_path_matches_reference() {
     });
 }
 
-/// Many rows (the weight gradients then sum thousands of per-row terms through the
-/// workspace), and a row count below the GPU's resident blocks.
+/// Many rows, and a row count below the GPU's resident blocks, in both modes. With weight
+/// gradients the backward's grid fills the GPU once, so with many rows each group works
+/// through many, its two register sets taking turns (one-warp groups of 256 and 512
+/// elements, multi-warp groups of 4096), and the weight gradients sum thousands of per-row
+/// terms through the workspace.
 #[test]
 fn gpu_many_rows_and_few_rows() {
     with_gpu("gpu_many_rows_and_few_rows", |h| {
         for dt in [DataType::F16, DataType::F32] {
-            for dims in [[8192usize, 512], [1, 768], [3, 4096]] {
-                let norm = LayerNormDescriptor::layer_norm(1, 1e-5).unwrap();
-                let c = Case::packed(norm, dt, &dims, true);
-                run_forward(h, &c, true, 7);
-                run_backward(h, &c, true, 8);
+            for dims in [
+                [8192usize, 512],
+                [50_000, 256],
+                [2000, 4096],
+                [1, 768],
+                [3, 4096],
+            ] {
+                for mode in [NormMode::LayerNorm, NormMode::RmsNorm] {
+                    let norm = LayerNormDescriptor::new(mode, 1, 1e-5).unwrap();
+                    let c = Case::packed(norm, dt, &dims, true);
+                    run_forward(h, &c, true, 7);
+                    run_backward(h, &c, true, 8);
+                }
             }
         }
     });

@@ -1695,12 +1695,12 @@ struct StagedBand {
 /// [`same_value`] calls the same value.
 #[inline(always)]
 fn canonical(v: f32) -> u32 {
+    // Two selects, no branch: the staging loops run it on every element.
+    let nonzero = if v == 0.0 { 0 } else { v.to_bits() };
     if v != v {
         0x7fff_ffff
-    } else if v == 0.0 {
-        0
     } else {
-        v.to_bits()
+        nonzero
     }
 }
 
@@ -1747,51 +1747,62 @@ unsafe fn stage_band<T: Element>(
     let x_run = one_run(&p.x, x_rows, width, band.x_pitch);
     let window_run = one_run(&p.y, window_rows, out_width, band.window_pitch)
         && one_run(&p.dy, window_rows, out_width, band.window_pitch);
-    let step = block_dim_x();
-    let mut i = thread_idx_x();
-    while i < x_len.max(window_len) {
-        // Every load of the round unconditionally (past the end: the last element again),
-        // then the stores of those inside.
-        let at = |u: usize, len: u32| (i + u as u32 * step).min(len.max(1) - 1);
-        let xv: [(u32, f32); BAND_LOADS as usize] = core::array::from_fn(|u| {
-            let j = at(u, x_len);
-            let (slot, offset) = if x_run {
-                (j, xr0 * width + j)
-            } else {
-                let (r, q) = p.input_hw[1].div_rem(j);
-                (r * band.x_pitch + q, (xr0 + r) * p.x[3] + q * p.x[4])
+    // The staging loop, compiled twice: for rows that are one run (the usual dense
+    // planes: each element's index is its offset, and the loop carries no division
+    // and no untaken path), and for any strides.
+    let stage = #[inline(always)]
+    |x_run: bool, window_run: bool| {
+        let step = block_dim_x();
+        let mut i = thread_idx_x();
+        while i < x_len.max(window_len) {
+            // Every load of the round unconditionally (past the end: the last element again),
+            // then the stores of those inside.
+            let at = |u: usize, len: u32| (i + u as u32 * step).min(len.max(1) - 1);
+            let xv: [(u32, f32); BAND_LOADS as usize] = core::array::from_fn(|u| {
+                let j = at(u, x_len);
+                let (slot, offset) = if x_run {
+                    (j, xr0 * width + j)
+                } else {
+                    let (r, q) = p.input_hw[1].div_rem(j);
+                    (r * band.x_pitch + q, (xr0 + r) * p.x[3] + q * p.x[4])
+                };
+                (slot, load::<T, 1>(x.add((x_plane + offset) as usize))[0])
+            });
+            let window_at = |u: usize, t: *const T, plane: u32, strides: &[u32; 5]| {
+                let j = at(u, window_len);
+                let (slot, offset) = if window_run {
+                    (j, oh0 * out_width + j)
+                } else {
+                    let (a, ow) = band.output_w.div_rem(j);
+                    (
+                        a * band.window_pitch + ow,
+                        (oh0 + a) * strides[3] + ow * strides[4],
+                    )
+                };
+                (slot, load::<T, 1>(t.add((plane + offset) as usize))[0])
             };
-            (slot, load::<T, 1>(x.add((x_plane + offset) as usize))[0])
-        });
-        let window_at = |u: usize, t: *const T, plane: u32, strides: &[u32; 5]| {
-            let j = at(u, window_len);
-            let (slot, offset) = if window_run {
-                (j, oh0 * out_width + j)
-            } else {
-                let (a, ow) = band.output_w.div_rem(j);
-                (
-                    a * band.window_pitch + ow,
-                    (oh0 + a) * strides[3] + ow * strides[4],
-                )
-            };
-            (slot, load::<T, 1>(t.add((plane + offset) as usize))[0])
-        };
-        let yv: [(u32, f32); BAND_LOADS as usize] =
-            core::array::from_fn(|u| window_at(u, y, y_plane, &p.y));
-        let gv: [(u32, f32); BAND_LOADS as usize] =
-            core::array::from_fn(|u| window_at(u, dy, dy_plane, &p.dy));
-        // SAFETY: slots of staged rows and columns, inside the host's allocation.
-        crate::unrolled!(u in BAND_LOADS as usize => {
-            let j = i + u as u32 * step;
-            if j < x_len {
-                st_shared_u32(xs + 4 * xv[u].0, canonical(xv[u].1));
-            }
-            if j < window_len {
-                st_shared_u32(ys + 4 * yv[u].0, canonical(yv[u].1));
-                st_shared_u32(gs + 4 * gv[u].0, gv[u].1.to_bits());
-            }
-        });
-        i += BAND_LOADS * step;
+            let yv: [(u32, f32); BAND_LOADS as usize] =
+                core::array::from_fn(|u| window_at(u, y, y_plane, &p.y));
+            let gv: [(u32, f32); BAND_LOADS as usize] =
+                core::array::from_fn(|u| window_at(u, dy, dy_plane, &p.dy));
+            // SAFETY: slots of staged rows and columns, inside the host's allocation.
+            crate::unrolled!(u in BAND_LOADS as usize => {
+                let j = i + u as u32 * step;
+                if j < x_len {
+                    st_shared_u32(xs + 4 * xv[u].0, canonical(xv[u].1));
+                }
+                if j < window_len {
+                    st_shared_u32(ys + 4 * yv[u].0, canonical(yv[u].1));
+                    st_shared_u32(gs + 4 * gv[u].0, gv[u].1.to_bits());
+                }
+            });
+            i += BAND_LOADS * step;
+        }
+    };
+    if x_run && window_run {
+        stage(true, true);
+    } else {
+        stage(x_run, window_run);
     }
     sync_threads();
     StagedBand {
