@@ -431,6 +431,8 @@ enum Data {
     SmallIntegers,
     /// Uniform with about one NaN in 16.
     WithNan,
+    /// NaN but for about one element in 4: many windows, edge ones too, hold only NaN.
+    MostlyNan,
 }
 
 #[derive(Clone, Debug)]
@@ -525,6 +527,8 @@ fn draw(desc: TensorDescriptor, data: Data, r: &mut impl Rng) -> HostTensor {
         Data::SmallIntegers => r.gen_range(0..4) as f64,
         Data::WithNan if r.gen_ratio(1, 16) => f64::NAN,
         Data::WithNan => r.gen_range(-2.0..2.0),
+        Data::MostlyNan if r.gen_ratio(1, 4) => r.gen_range(-2.0..2.0),
+        Data::MostlyNan => f64::NAN,
     })
 }
 
@@ -1023,6 +1027,17 @@ fn gpu_every_kernel_matches_the_reference() {
     });
 }
 
+/// The forward strip kernels' window shapes: (name, window, padding, stride); the
+/// paddings along d and h are free (the kernels clamp and mask them).
+const STRIP_SHAPES: [(&str, &[usize], &[usize], &[usize]); 6] = [
+    ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
+    ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
+    ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),
+    ("3x3s2p1", &[3, 3], &[1, 1], &[2, 2]),
+    ("3x3s1p1", &[3, 3], &[1, 1], &[1, 1]),
+    ("2x2x2s2p0", &[2, 2, 2], &[1, 0, 0], &[2, 2, 2]),
+];
+
 /// Every forward strip shape over rows of whole 8-byte vectors that are not whole 16-byte
 /// ones, in each dtype: rows of 14 (f32: its 8-byte strips; 16-bit types: no strip) and 12
 /// (16-bit types: their 8-byte strips; f32: its 16-byte strips), every mode, ties, NaN and
@@ -1032,22 +1047,7 @@ fn gpu_every_strip_shape_over_8_byte_rows_matches_the_reference() {
     with_gpu(
         "gpu_every_strip_shape_over_8_byte_rows_matches_the_reference",
         |h| {
-            // (shape, window, padding, stride)
-            type Shape = (
-                &'static str,
-                &'static [usize],
-                &'static [usize],
-                &'static [usize],
-            );
-            let shapes: [Shape; 6] = [
-                ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
-                ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
-                ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),
-                ("3x3s2p1", &[3, 3], &[1, 1], &[2, 2]),
-                ("3x3s1p1", &[3, 3], &[1, 1], &[1, 1]),
-                ("2x2x2s2p0", &[2, 2, 2], &[1, 0, 0], &[2, 2, 2]),
-            ];
-            for (shape, window, padding, stride) in shapes {
+            for (shape, window, padding, stride) in STRIP_SHAPES {
                 for w in [14, 12] {
                     let dims: Vec<usize> = if window.len() == 3 {
                         vec![2, 3, 4, 7, w]
@@ -1076,6 +1076,39 @@ fn gpu_every_strip_shape_over_8_byte_rows_matches_the_reference() {
             }
         },
     );
+}
+
+/// The forward strips' max over their windows at every edge of x: the strips read each
+/// row as whole vectors and clamp rows and columns past the edges to the edge, and the
+/// max takes no mask for them (re-reading an element of the same window cannot change a
+/// max). Every strip shape over rows of whole 16-byte vectors, both NaN options, windows
+/// that hold only NaN (skipped: -inf; propagated: NaN) and values outside each window
+/// that would win if a clamp left it, against the reference.
+#[test]
+fn gpu_strip_max_at_the_edges_takes_only_its_window() {
+    with_gpu("gpu_strip_max_at_the_edges_takes_only_its_window", |h| {
+        for (shape, window, padding, stride) in STRIP_SHAPES {
+            let dims: Vec<usize> = if window.len() == 3 {
+                vec![1, 2, 5, 7, 24]
+            } else {
+                vec![2, 3, 7, 24]
+            };
+            for nan in [NOT, PROPAGATE] {
+                let pool =
+                    PoolingDescriptor::new_nd(PoolingMode::Max, nan, window, padding, stride)
+                        .unwrap();
+                for dt in DataType::GPU {
+                    for data in [Data::MostlyNan, Data::WithNan, Data::Uniform] {
+                        let p =
+                            dense_problem(pool, dt, &dims, Layout::ChannelsFirst, data, (1.0, 0.0));
+                        let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                        assert_eq!(f, strip_kernel(shape, 24, dt), "forward kernel of {p:?}");
+                        check_forward(h, &p);
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// The max backward's bands of rows against the reference: planes cut into several bands

@@ -85,6 +85,136 @@ pub fn grid_stride(len: u64, mut f: impl FnMut(u64)) {
     }
 }
 
+/// As [`grid_stride`], `K` items a turn: `locate` each (where it reads), `fetch` each (the
+/// loads alone), then `finish` each with its loads through one [`LoadFence`] over all of
+/// them: every load of the turn is issued before the first one is waited on, where ptxas
+/// would otherwise wait on each load before it issues the next. A warp's turn covers `32
+/// * K` consecutive items, lane `l` taking items `l, l + 32, ..` of them, so each of the
+/// turn's loads is as coalesced as one item a thread would be. An item past the end
+/// stands in for the turn's first (its loads hit L1) and is not finished. `fetch` must
+/// only read; the block's size is a multiple of 32.
+#[inline(always)]
+pub fn grid_stride_turns<const K: usize, A: Copy, L: Words>(
+    len: u64,
+    mut locate: impl FnMut(u64) -> A,
+    mut fetch: impl FnMut(A) -> L,
+    mut finish: impl FnMut(A, L),
+) {
+    let turn = 32 * K as u64;
+    let step = (grid_dim_x() as u64 * block_dim_x() as u64 / 32) * turn;
+    let mut first = global_thread_x() / 32 * turn + lane_id() as u64;
+    while first < len {
+        let item = |k: usize| {
+            let i = first + 32 * k as u64;
+            if i < len {
+                i
+            } else {
+                first
+            }
+        };
+        let at: [A; K] = core::array::from_fn(|k| locate(item(k)));
+        let loaded: [L; K] = core::array::from_fn(|k| fetch(at[k]));
+        let fence = LoadFence::over(&loaded);
+        crate::unrolled!(k in K => {
+            if k == 0 || item(k) != first {
+                finish(at[k], loaded[k].or_each(fence.zero()));
+            }
+        });
+        first += step;
+    }
+}
+
+/// Zero, computed at run time as `%lanemask_eq & %lanemask_lt` (a lane's own bit and the
+/// bits below it): ptxas knows the ranges of special registers such as `%nsmid` and folds
+/// arithmetic on them, but not this relation, so what is computed from it is kept. For
+/// [`LoadFence`].
+#[inline(always)]
+fn opaque_zero() -> u32 {
+    let z: u32;
+    // SAFETY: reads two special registers; no memory is touched.
+    unsafe {
+        asm!(
+            "{{",
+            ".reg .b32 lt;",
+            "mov.u32 {z}, %lanemask_eq;",
+            "mov.u32 lt, %lanemask_lt;",
+            "and.b32 {z}, {z}, lt;",
+            "}}",
+            z = out(reg32) z,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    z
+}
+
+/// A value made of 32-bit words (loaded data as raw words: `u32`, arrays, pairs of them),
+/// for [`LoadFence`].
+pub trait Words: Copy {
+    /// The OR of every word.
+    fn fold(&self) -> u32;
+    /// Every word ORed with `z`.
+    fn or_each(self, z: u32) -> Self;
+}
+
+impl Words for u32 {
+    #[inline(always)]
+    fn fold(&self) -> u32 {
+        *self
+    }
+    #[inline(always)]
+    fn or_each(self, z: u32) -> Self {
+        self | z
+    }
+}
+
+impl<W: Words, const N: usize> Words for [W; N] {
+    #[inline(always)]
+    fn fold(&self) -> u32 {
+        let mut all = 0;
+        crate::unrolled!(k in N => all |= self[k].fold());
+        all
+    }
+    #[inline(always)]
+    fn or_each(mut self, z: u32) -> Self {
+        crate::unrolled!(k in N => self[k] = self[k].or_each(z));
+        self
+    }
+}
+
+impl<A: Words, B: Words> Words for (A, B) {
+    #[inline(always)]
+    fn fold(&self) -> u32 {
+        self.0.fold() | self.1.fold()
+    }
+    #[inline(always)]
+    fn or_each(self, z: u32) -> Self {
+        (self.0.or_each(z), self.1.or_each(z))
+    }
+}
+
+/// A zero that depends on a group of loaded words, so that every use of a word passed
+/// through it ([`Words::or_each`] with [`LoadFence::zero`]) waits for the whole group:
+/// the group's loads are then all issued before the first wait. (ptxas otherwise places a
+/// load's first uses, a 16-bit type's unpacking say, right after it, reuses its registers
+/// for the next load, and that load waits for the first: one load in flight where there
+/// could be several.) The OR of zero cannot be removed: the zero is [`opaque_zero`].
+#[derive(Clone, Copy)]
+pub struct LoadFence(u32);
+
+impl LoadFence {
+    /// The fence over every word of `group`.
+    #[inline(always)]
+    pub fn over(group: &impl Words) -> Self {
+        Self(group.fold() & opaque_zero())
+    }
+
+    /// Zero, once every word of the group has landed.
+    #[inline(always)]
+    pub fn zero(self) -> u32 {
+        self.0
+    }
+}
+
 /// Repeats `$body` once per listed index with `$i` bound to that literal, so that arrays
 /// indexed by `$i` stay in registers however large the body (LLVM's unroller gives up on
 /// large bodies, and a run-time index sends an array to local memory).

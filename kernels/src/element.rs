@@ -82,6 +82,20 @@ pub trait Element: Copy {
         }
     }
 
+    /// Loads one element as its raw bits, zero-extended to a word: the first element of
+    /// [`Element::unpack`]`::<1>([bits, 0, 0, 0])`.
+    ///
+    /// # Safety
+    /// `p` is valid for reads.
+    #[inline(always)]
+    unsafe fn load_bits(p: *const Self) -> u32 {
+        match size_of::<Self>() {
+            4 => *(p as *const u32),
+            2 => *(p as *const u16) as u32,
+            _ => device::trap(),
+        }
+    }
+
     /// The `K` elements of raw words from [`Element::load_raw`].
     fn unpack<const K: usize>(w: Vec16) -> [f32; K];
 

@@ -7,8 +7,8 @@
 //! - `pooling_fwd_window_vec_*`: channel-contiguous x and y: a thread per 16-byte vector of
 //!   channels of one output position.
 //! - `pooling_fwd_strip_<shape>_*`: compiled for common window shapes (2x2, 3x3, 2x2x2)
-//!   over x rows contiguous along w in 16-byte vectors (NCHW): a thread per strip of
-//!   consecutive outputs along w, its windows' rows loaded as vectors.
+//!   over x rows contiguous along w in 16-byte vectors (NCHW): a thread per two strips of
+//!   consecutive outputs along w, their windows' rows loaded as vectors, all at once.
 //!   `pooling_fwd_strip8_<shape>_*`: the same over rows of 8-byte vectors (f16 rows of 28,
 //!   f32 rows of 14), which are not whole 16-byte ones.
 //! - `pooling_fwd_global_*`: windows covering the whole spatial extent: a group of lanes,
@@ -58,9 +58,9 @@
 use crate::activation::blend;
 use crate::device::{
     block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
-    dynamic_smem, global_thread_x, grid_dim_x, grid_stride, group_reduce, lane_id, ld_shared_u32,
-    ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_xor_f32, st_shared_u32, st_shared_v4,
-    sync_threads, sync_warp, thread_idx_x, warp_id, Vec16,
+    dynamic_smem, global_thread_x, grid_dim_x, grid_stride, grid_stride_turns, group_reduce,
+    lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
+    st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, warp_id, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -474,16 +474,17 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
 /// Forward of `WD x WIN x WIN` windows (depth x h x w) at strides `S` along h and w and
 /// padding `PAD` along w (any depth stride and any padding along d and h), over x whose
 /// rows are contiguous along w in whole vectors of `V` elements (16 or 8 bytes): a thread
-/// per strip of `O = V / S` consecutive outputs along w.
+/// per strip of `O = V / S` consecutive outputs along w, two strips a turn.
 ///
 /// The strip's windows cover, in each of their rows, the row's vector from `strip * V`
 /// with the `PAD` elements before it and the `WIN - S - PAD` after it (`RW` in all). The
-/// thread loads each row as that vector and a few single elements, every row in flight
-/// at once, and reduces its `O` windows in registers. ([`fwd_window`] loads every element
-/// of every window singly: `O` times as many loads, each thread with fewer bytes in
-/// flight.) Rows and columns past the edges are clamped (re-read an edge element) and
-/// masked, so the code has no branches until the stores: `O` outputs with one vector
-/// store where y's row allows it.
+/// thread loads each row of both its strips as that vector and a few single elements, all
+/// in flight at once ([`grid_stride_turns`]), and reduces each strip's `O` windows in
+/// registers: each column over the rows, then each output over its columns. ([`fwd_window`]
+/// loads every element of every window singly: `O` times as many loads, each thread with
+/// fewer bytes in flight.) Rows and columns past the edges are clamped (re-read an edge
+/// element, which lies in the same window) and, for averages, masked, so the code has no
+/// branches until the stores: `O` outputs with one vector store where y's row allows it.
 ///
 /// # Safety
 /// As `pooling_fwd_window_*`, with `items` counting w in strips of `O` outputs, the window
@@ -516,33 +517,68 @@ unsafe fn fwd_strip<
         assert!(O == 1 || matches!(O * size_of::<T>(), 4 | 8 | 16));
     };
     let w = &p.win;
-    grid_stride(p.items.len as u64, |i| {
-        let PoolCoord { n, c, s } = p.items.at(i as u32);
+    // Where strip `s` of plane `(n, c)` reads: its depth planes, rows and columns, clamped
+    // to x, and which of them lie inside it.
+    let window = |s: [u32; 3]| {
         let [od, oh, strip] = s;
-        let v0 = strip * V as u32;
-        let (depth, depth_in) = clamped::<WD>(window_start(w, 0, od), w.input[0]);
-        let (row, row_in) = clamped::<WIN>(window_start(w, 1, oh), w.input[1]);
-        let (col, col_in) = clamped::<RW>(v0 as i32 - PAD as i32, w.input[2]);
+        (
+            clamped::<WD>(window_start(w, 0, od), w.input[0]),
+            clamped::<WIN>(window_start(w, 1, oh), w.input[1]),
+            clamped::<RW>((strip * V as u32) as i32 - PAD as i32, w.input[2]),
+        )
+    };
+    // A strip's rows as loaded: each row's vector (raw words) and the single elements either
+    // side of it (raw bits; the slots the vector covers are 0), for `grid_stride_turns`'s
+    // fence. Two strips a turn: one strip's few vectors leave too few bytes in flight an
+    // SM to cover the memory's latency.
+    let fetch = |coord: PoolCoord| {
+        let PoolCoord { n, c, s } = coord;
+        let ((depth, _), (row, _), (col, _)) = window(s);
+        let v0 = s[2] * V as u32;
         let x_base = row_offset(&p.x, n, c);
-        let xv: [[[f32; RW]; WIN]; WD] = core::array::from_fn(|a| {
+        let rows: [[(Vec16, [u32; RW]); WIN]; WD] = core::array::from_fn(|a| {
             core::array::from_fn(|r| {
                 let row_base = x_base + depth[a] * p.x[2] + row[r] * p.x[3];
-                let vector = load::<T, V>(x.add((row_base + v0) as usize));
-                core::array::from_fn(|q| match q.checked_sub(PAD) {
-                    Some(e) if e < V => vector[e],
-                    _ => load::<T, 1>(x.add((row_base + col[q]) as usize))[0],
-                })
+                let vector = T::load_raw::<V>(x.add((row_base + v0) as usize), true);
+                let singles = core::array::from_fn(|q| match q.checked_sub(PAD) {
+                    Some(e) if e < V => 0,
+                    _ => T::load_bits(x.add((row_base + col[q]) as usize)),
+                });
+                (vector, singles)
             })
         });
+        rows
+    };
+    let finish = |coord: PoolCoord, rows: [[(Vec16, [u32; RW]); WIN]; WD]| {
+        let PoolCoord { n, c, s } = coord;
+        let [od, oh, strip] = s;
+        let ((_, depth_in), (_, row_in), (_, col_in)) = window(s);
+        // Each column over the window's rows, then each output over its columns. A max
+        // needs no masks: a clamped row or column re-reads an element of the same window
+        // (every window holds an input: the host keeps padding below the window), which
+        // cannot change its max; an average leaves them out.
         let fill = identity::<OP>();
-        let mut acc = [fill; O];
+        let mut columns = [fill; RW];
         crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
+            let (vector, singles) = rows[a][r];
+            let vector = T::unpack::<V>(vector);
             let row_inside = depth_in[a] & row_in[r];
-            crate::unrolled!(k in O => crate::unrolled!(e in WIN => {
-                let q = k * S + e;
-                let v = if row_inside & col_in[q] { xv[a][r][q] } else { fill };
-                acc[k] = combine::<OP>(acc[k], v);
-            }))
+            crate::unrolled!(q in RW => {
+                let v = match q.checked_sub(PAD) {
+                    Some(e) if e < V => vector[e],
+                    _ => T::unpack::<1>([singles[q], 0, 0, 0])[0],
+                };
+                let v = if OP != AVG || (row_inside & col_in[q]) { v } else { fill };
+                columns[q] = combine::<OP>(columns[q], v);
+            })
+        }));
+        // (`columns[k * S]` went through `combine` with the fill: it is what `combine`
+        // with the fill again would give.)
+        let mut acc: [f32; O] = core::array::from_fn(|k| columns[k * S]);
+        crate::unrolled!(k in O => crate::unrolled!(e in WIN => {
+            if e > 0 {
+                acc[k] = combine::<OP>(acc[k], columns[k * S + e]);
+            }
         }));
         let first = strip * O as u32;
         if OP == AVG {
@@ -561,7 +597,11 @@ unsafe fn fwd_strip<
                 }
             });
         }
-    })
+    };
+    // The host counts strips channels-first.
+    let locate = |i: u64| p.items.at_channels_first(i as u32);
+    const TURN: usize = oxidnn_params::POOLING_STRIPS_PER_TURN as usize;
+    grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
 }
 
 /// Writes output `(n, c)` of a global pooling from its reduced value.

@@ -65,6 +65,7 @@ pub use pooling::{
     PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
     POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LANE_ELEMENTS, POOLING_GLOBAL_LOADS,
     POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    POOLING_STRIPS_PER_TURN,
 };
 pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};

@@ -47,6 +47,10 @@ pub const fn pooling_global_lane_fits(len: usize, size: usize) -> bool {
 /// cell's elements times these): 16 bytes of f32, 8 of the 16-bit types.
 pub const POOLING_CELL_VECTOR: usize = 4;
 
+/// Strips a thread of `pooling_fwd_strip*_*` takes a turn (both loaded before either is
+/// reduced); the host sizes the grid so that each thread has that many.
+pub const POOLING_STRIPS_PER_TURN: u64 = 2;
+
 /// What a window computes, numbered as the kernels expect.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -125,12 +129,19 @@ impl PoolItems {
             let (n, d) = self.d.div_rem(q);
             PoolCoord { n, c, s: [d, h, w] }
         } else {
-            let (q, w) = self.w.div_rem(i);
-            let (q, h) = self.h.div_rem(q);
-            let (q, d) = self.d.div_rem(q);
-            let (n, c) = self.c.div_rem(q);
-            PoolCoord { n, c, s: [d, h, w] }
+            self.at_channels_first(i)
         }
+    }
+
+    /// The coordinates of item `i` of items counted channels-first (`channels_last ==
+    /// 0`), without the branch on the order: for kernels only ever launched so.
+    #[inline(always)]
+    pub fn at_channels_first(&self, i: u32) -> PoolCoord {
+        let (q, w) = self.w.div_rem(i);
+        let (q, h) = self.h.div_rem(q);
+        let (q, d) = self.d.div_rem(q);
+        let (n, c) = self.c.div_rem(q);
+        PoolCoord { n, c, s: [d, h, w] }
     }
 }
 

@@ -61,6 +61,7 @@ use oxidnn_params::{
     PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
     BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
     POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    POOLING_STRIPS_PER_TURN,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -771,23 +772,29 @@ fn forward_plan(
         strip_kernel(g, dtype, &xs, aligned)
     };
     let [d, h, w] = g.output;
-    let (kernel, it) = match strip {
+    let (kernel, it, cfg) = match strip {
         Some((kernel, outputs)) => {
             let it = items([g.n, g.c, d, h, w.div_ceil(outputs)], false)?;
-            (Some(kernel), it)
+            // A thread per `POOLING_STRIPS_PER_TURN` strips, all loaded at once (a
+            // grid-stride loop capped at fewer threads would leave most of them one).
+            let threads = (it.len as u64).div_ceil(POOLING_STRIPS_PER_TURN);
+            let cfg = LaunchConfig::for_threads(threads, BLOCK_THREADS)?;
+            (Some(kernel), it, cfg)
         }
         None if vec => {
             let it = items([g.n, g.c / k, d, h, w], true)?;
-            (kernels::pooling_fwd_window_vec(dtype), it)
+            let cfg = grid_stride_config(it.len as u64, sm_count)?;
+            (kernels::pooling_fwd_window_vec(dtype), it, cfg)
         }
         None => {
             let it = items([g.n, g.c, d, h, w], channels_last(&ys))?;
-            (kernels::pooling_fwd_window(dtype), it)
+            let cfg = grid_stride_config(it.len as u64, sm_count)?;
+            (kernels::pooling_fwd_window(dtype), it, cfg)
         }
     };
     Ok(ForwardPlan {
         kernel: kernel.ok_or_else(missing)?,
-        cfg: grid_stride_config(it.len as u64, sm_count)?,
+        cfg,
         how: ForwardKernel::Window(it),
     })
 }
