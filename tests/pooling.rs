@@ -1027,9 +1027,17 @@ fn gpu_every_kernel_matches_the_reference() {
     });
 }
 
-/// The forward strip kernels' window shapes: (name, window, padding, stride); the
-/// paddings along d and h are free (the kernels clamp and mask them).
-const STRIP_SHAPES: [(&str, &[usize], &[usize], &[usize]); 6] = [
+/// A forward strip kernel's window shape: (name, window, padding, stride).
+type StripShape = (
+    &'static str,
+    &'static [usize],
+    &'static [usize],
+    &'static [usize],
+);
+
+/// The forward strip kernels' window shapes; the paddings along d and h are free (the
+/// kernels clamp them).
+const STRIP_SHAPES: [StripShape; 6] = [
     ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
     ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
     ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),

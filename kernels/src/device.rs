@@ -94,7 +94,7 @@ pub fn grid_stride(len: u64, mut f: impl FnMut(u64)) {
 /// stands in for the turn's first (its loads hit L1) and is not finished. `fetch` must
 /// only read; the block's size is a multiple of 32.
 #[inline(always)]
-pub fn grid_stride_turns<const K: usize, A: Copy, L: Words>(
+pub fn grid_stride_turns<const K: usize, A: Copy + Default, L: Words>(
     len: u64,
     mut locate: impl FnMut(u64) -> A,
     mut fetch: impl FnMut(A) -> L,
@@ -112,8 +112,12 @@ pub fn grid_stride_turns<const K: usize, A: Copy, L: Words>(
                 first
             }
         };
-        let at: [A; K] = core::array::from_fn(|k| locate(item(k)));
-        let loaded: [L; K] = core::array::from_fn(|k| fetch(at[k]));
+        // Built by `unrolled!`: straight-line code whatever `fetch`'s size, so the arrays
+        // stay in registers.
+        let mut at = [A::default(); K];
+        crate::unrolled!(k in K => at[k] = locate(item(k)));
+        let mut loaded = [L::ZERO; K];
+        crate::unrolled!(k in K => loaded[k] = fetch(at[k]));
         let fence = LoadFence::over(&loaded);
         crate::unrolled!(k in K => {
             if k == 0 || item(k) != first {
@@ -150,6 +154,8 @@ fn opaque_zero() -> u32 {
 /// A value made of 32-bit words (loaded data as raw words: `u32`, arrays, pairs of them),
 /// for [`LoadFence`].
 pub trait Words: Copy {
+    /// Every word 0.
+    const ZERO: Self;
     /// The OR of every word.
     fn fold(&self) -> u32;
     /// Every word ORed with `z`.
@@ -157,6 +163,7 @@ pub trait Words: Copy {
 }
 
 impl Words for u32 {
+    const ZERO: Self = 0;
     #[inline(always)]
     fn fold(&self) -> u32 {
         *self
@@ -168,6 +175,7 @@ impl Words for u32 {
 }
 
 impl<W: Words, const N: usize> Words for [W; N] {
+    const ZERO: Self = [W::ZERO; N];
     #[inline(always)]
     fn fold(&self) -> u32 {
         let mut all = 0;
@@ -182,6 +190,7 @@ impl<W: Words, const N: usize> Words for [W; N] {
 }
 
 impl<A: Words, B: Words> Words for (A, B) {
+    const ZERO: Self = (A::ZERO, B::ZERO);
     #[inline(always)]
     fn fold(&self) -> u32 {
         self.0.fold() | self.1.fold()

@@ -519,7 +519,8 @@ unsafe fn fwd_strip<
     let w = &p.win;
     // Where strip `s` of plane `(n, c)` reads: its depth planes, rows and columns, clamped
     // to x, and which of them lie inside it.
-    let window = |s: [u32; 3]| {
+    let window = #[inline(always)]
+    |s: [u32; 3]| {
         let [od, oh, strip] = s;
         (
             clamped::<WD>(window_start(w, 0, od), w.input[0]),
@@ -531,7 +532,8 @@ unsafe fn fwd_strip<
     // side of it (raw bits; the slots the vector covers are 0), for `grid_stride_turns`'s
     // fence. Two strips a turn: one strip's few vectors leave too few bytes in flight an
     // SM to cover the memory's latency.
-    let fetch = |coord: PoolCoord| {
+    let fetch = #[inline(always)]
+    |coord: PoolCoord| {
         let PoolCoord { n, c, s } = coord;
         let ((depth, _), (row, _), (col, _)) = window(s);
         let v0 = s[2] * V as u32;
@@ -549,7 +551,10 @@ unsafe fn fwd_strip<
         });
         rows
     };
-    let finish = |coord: PoolCoord, rows: [[(Vec16, [u32; RW]); WIN]; WD]| {
+    // Forced inline: called once per strip of a turn, LLVM would otherwise outline it
+    // and pass its captures through local memory.
+    let finish = #[inline(always)]
+    |coord: PoolCoord, rows: [[(Vec16, [u32; RW]); WIN]; WD]| {
         let PoolCoord { n, c, s } = coord;
         let [od, oh, strip] = s;
         let ((_, depth_in), (_, row_in), (_, col_in)) = window(s);
@@ -599,7 +604,8 @@ unsafe fn fwd_strip<
         }
     };
     // The host counts strips channels-first.
-    let locate = |i: u64| p.items.at_channels_first(i as u32);
+    let locate = #[inline(always)]
+    |i: u64| p.items.at_channels_first(i as u32);
     const TURN: usize = oxidnn_params::POOLING_STRIPS_PER_TURN as usize;
     grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
 }

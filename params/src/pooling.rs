@@ -110,7 +110,7 @@ pub struct PoolItems {
 }
 
 /// One item's coordinates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolCoord {
     pub n: u32,
     pub c: u32,
