@@ -689,7 +689,7 @@ fn gpu_every_kernel_matches_the_reference() {
             Layout,
             &'static str,
         );
-        let cases: [Case; 24] = [
+        let cases: [Case; 26] = [
             (
                 &[3, 3],
                 &[1, 1],
@@ -704,7 +704,24 @@ fn gpu_every_kernel_matches_the_reference() {
                 &[2, 2],
                 &[2, 16, 17, 19],
                 last,
+                "pooling_fwd_window_vec_3x3_",
+            ),
+            // Channel vectors under a window no kernel is compiled for: the general one.
+            (
+                &[2, 3],
+                &[1, 1],
+                &[1, 2],
+                &[2, 16, 9, 11],
+                last,
                 "pooling_fwd_window_vec_",
+            ),
+            (
+                &[2, 2],
+                &[1, 0],
+                &[1, 1],
+                &[2, 16, 7, 9],
+                last,
+                "pooling_fwd_window_vec_2x2_",
             ),
             (
                 &[3, 3],
@@ -728,7 +745,7 @@ fn gpu_every_kernel_matches_the_reference() {
                 &[3, 3],
                 &[2, 16, 11, 13],
                 last,
-                "pooling_fwd_window_vec_",
+                "pooling_fwd_window_vec_3x3_",
             ),
             (
                 &[2, 2, 2],
@@ -736,7 +753,7 @@ fn gpu_every_kernel_matches_the_reference() {
                 &[2, 2, 2],
                 &[2, 16, 5, 6, 7],
                 last,
-                "pooling_fwd_window_vec_",
+                "pooling_fwd_window_vec_2x2x2_",
             ),
             (
                 &[2, 2, 2],
@@ -1119,6 +1136,61 @@ fn gpu_strip_max_at_the_edges_takes_only_its_window() {
     });
 }
 
+/// Channel-vector windows of the shapes a forward kernel is compiled for
+/// (`pooling_fwd_window_vec_<shape>_*`): (shape, window, padding, stride). Their strides and
+/// paddings are free; these put windows across every edge of x.
+const WINDOW_VEC_SHAPES: [StripShape; 6] = [
+    ("3x3", &[3, 3], &[1, 1], &[2, 2]),
+    ("3x3", &[3, 3], &[1, 0], &[1, 1]),
+    ("3x3", &[3, 3], &[2, 1], &[3, 2]),
+    ("2x2", &[2, 2], &[1, 1], &[1, 1]),
+    ("2x2", &[2, 2], &[0, 1], &[2, 2]),
+    ("2x2x2", &[2, 2, 2], &[1, 0, 1], &[2, 2, 2]),
+];
+
+/// The channel-vector forward kernels compiled for a window shape load a window's
+/// positions past x's edges as the edge's (clamped) and take no mask for a max: every
+/// shape, every mode and both NaN options, windows that hold only NaN (skipped: -inf;
+/// propagated: NaN), ties and a blend, against the reference. No output count here is a
+/// multiple of a warp's turn (64 outputs), so the last turn has outputs past the end.
+#[test]
+fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
+    with_gpu(
+        "gpu_window_vec_shapes_match_the_reference_at_the_edges",
+        |h| {
+            let inputs = [
+                (Data::MostlyNan, (1.0, 0.0)),
+                (Data::WithNan, (1.0, 0.0)),
+                (Data::SmallIntegers, (1.0, 0.0)),
+                (Data::Uniform, (-1.5, 0.25)),
+            ];
+            for (shape, window, padding, stride) in WINDOW_VEC_SHAPES {
+                let dims: Vec<usize> = if window.len() == 3 {
+                    vec![1, 24, 5, 7, 6]
+                } else {
+                    vec![1, 24, 7, 9]
+                };
+                for mode in PoolingMode::ALL {
+                    for nan in [NOT, PROPAGATE] {
+                        let pool =
+                            PoolingDescriptor::new_nd(mode, nan, window, padding, stride).unwrap();
+                        for dt in DataType::GPU {
+                            for (data, ab) in inputs {
+                                let p =
+                                    dense_problem(pool, dt, &dims, Layout::ChannelsLast, data, ab);
+                                let f = pooling_forward_kernel(h, &p.pool, &p.x, &p.y).unwrap();
+                                let want = format!("pooling_fwd_window_vec_{shape}_{dt}");
+                                assert_eq!(f, want, "forward kernel of {p:?}");
+                                check_forward(h, &p);
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
+
 /// The max backward's bands of rows against the reference: planes cut into several bands
 /// (the last one short), strides that skip rows, windows taller than wide, a band of one row
 /// where wider ones take too much shared memory, 1-D and 3-D windows of depth 1, and x and
@@ -1465,7 +1537,7 @@ fn gpu_headline_shapes_take_the_fast_paths() {
             (
                 DataType::F16,
                 Layout::ChannelsLast,
-                "pooling_fwd_window_vec_f16",
+                "pooling_fwd_window_vec_3x3_f16",
                 "pooling_bwd_cell_vec_max_3x3s2_f16",
             ),
         ] {

@@ -835,6 +835,36 @@ pub fn sqrt(x: f32) -> f32 {
     out
 }
 
+/// Stamps a packed two-element max: `$instr {out}, {a}, {b}` on each half of two words.
+macro_rules! packed_max {
+    ($($(#[$doc:meta])* $name:ident = $instr:literal;)*) => { $(
+        $(#[$doc])*
+        #[inline(always)]
+        pub fn $name(a: u32, b: u32) -> u32 {
+            let out: u32;
+            // SAFETY: register-only arithmetic.
+            unsafe {
+                asm!(concat!($instr, " {o}, {a}, {b};"), o = out(reg32) out, a = in(reg32) a,
+                     b = in(reg32) b, options(pure, nomem, nostack));
+            }
+            out
+        }
+    )* };
+}
+
+packed_max! {
+    /// The max of each half of `a` and `b` as f16 (a NaN operand yields the other; two
+    /// NaNs, NaN): one `HMNMX2` for two elements.
+    max_f16x2 = "max.f16x2";
+    /// The max of each half of `a` and `b` as f16, NaN if either is.
+    max_nan_f16x2 = "max.NaN.f16x2";
+    /// The max of each half of `a` and `b` as bfloat16 (a NaN operand yields the other;
+    /// two NaNs, NaN).
+    max_bf16x2 = "max.bf16x2";
+    /// The max of each half of `a` and `b` as bfloat16, NaN if either is.
+    max_nan_bf16x2 = "max.NaN.bf16x2";
+}
+
 /// `max(a, b)` ignoring NaN (IEEE maxNum: a NaN operand yields the other; two NaNs, NaN).
 #[inline(always)]
 pub fn max_ignore_nan(a: f32, b: f32) -> f32 {

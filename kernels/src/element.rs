@@ -118,6 +118,14 @@ pub trait Element: Copy {
     /// Raw words holding `K` elements.
     fn pack<const K: usize>(v: [f32; K]) -> Vec16;
 
+    /// A word of raw elements that are all -inf: the identity of [`Element::max_words`].
+    const NEG_INF_WORD: u32;
+
+    /// The element-wise max of two words of raw elements (one f32, or two of a 16-bit
+    /// type, both in one instruction): a NaN operand yields the other (two NaNs, NaN), or,
+    /// with `propagate`, NaN.
+    fn max_words(a: u32, b: u32, propagate: bool) -> u32;
+
     /// Element-wise `a == b` (NaN equals nothing, +0 equals -0) of `K` elements each, as
     /// raw words from [`Element::load_raw`].
     #[inline(always)]
@@ -134,6 +142,18 @@ fn widen(w: [u32; 2]) -> Vec16 {
 
 impl Element for f32 {
     const LOW_PRECISION: bool = false;
+    const NEG_INF_WORD: u32 = f32::NEG_INFINITY.to_bits();
+
+    #[inline(always)]
+    fn max_words(a: u32, b: u32, propagate: bool) -> u32 {
+        let (a, b) = (f32::from_bits(a), f32::from_bits(b));
+        let max = if propagate {
+            device::max_propagate_nan(a, b)
+        } else {
+            device::max_ignore_nan(a, b)
+        };
+        max.to_bits()
+    }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -154,11 +174,23 @@ impl Element for f32 {
 }
 
 /// Implements [`Element`] for a 16-bit type stored as `u16` bits, given its scalar
-/// conversions and its paired f32x2 -> 16x2 conversion (one instruction for two).
+/// conversions, its paired f32x2 -> 16x2 conversion (one instruction for two), its packed
+/// maxima (NaN skipped, NaN propagated) and its -inf bits.
 macro_rules! half_element {
-    ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path $(, $pair_equal:path)?) => {
+    ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path, $pair_max:path,
+     $pair_max_nan:path, $neg_inf:literal $(, $pair_equal:path)?) => {
         impl Element for $t {
             const LOW_PRECISION: bool = true;
+            const NEG_INF_WORD: u32 = $neg_inf * 0x1_0001;
+
+            #[inline(always)]
+            fn max_words(a: u32, b: u32, propagate: bool) -> u32 {
+                if propagate {
+                    $pair_max_nan(a, b)
+                } else {
+                    $pair_max(a, b)
+                }
+            }
 
             #[inline(always)]
             fn to_f32(self) -> f32 {
@@ -207,13 +239,19 @@ half_element!(
     device::f16_to_f32,
     device::f32_to_f16,
     device::f32x2_to_f16x2,
+    device::max_f16x2,
+    device::max_nan_f16x2,
+    0xfc00,
     device::eq_f16x2
 );
 half_element!(
     Bf16,
     device::bf16_to_f32,
     device::f32_to_bf16,
-    device::f32x2_to_bf16x2
+    device::f32x2_to_bf16x2,
+    device::max_bf16x2,
+    device::max_nan_bf16x2,
+    0xff80
 );
 
 /// Stamps out entry points for every element type: `$mac!(suffix, Type)` for each.

@@ -60,7 +60,8 @@ use crate::device::{
     block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
     dynamic_smem, global_thread_x, grid_dim_x, grid_stride, grid_stride_turns, group_reduce,
     lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
-    st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, warp_id, Vec16,
+    st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, warp_id,
+    Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -471,6 +472,94 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
     })
 }
 
+/// Forward of `WD x WH x WW` windows (depth x h x w; any strides and paddings) over
+/// channel vectors of `K` elements (16 bytes): a thread per output vector,
+/// `POOLING_WINDOWS_PER_TURN` a turn, every vector of their windows loaded before the
+/// first is used ([`grid_stride_turns`]; [`fwd_window`] walks a window in a run-time loop
+/// whose every step waits for the last one's loads). Positions past x's edges are clamped
+/// (they re-read an edge element of the same window) and, for averages, masked, as in
+/// [`fwd_strip`], so the code has no branches until the store. A max reduces the vectors
+/// as loaded ([`Element::max_words`]: 16-bit elements two an instruction, no unpacking)
+/// and, unblended, stores them so.
+///
+/// # Safety
+/// As `pooling_fwd_window_vec_*`, with windows of this shape; every window holds an input
+/// along each dim (the host keeps padding below the window).
+#[inline(always)]
+unsafe fn fwd_window_vec_shaped<
+    T: Element,
+    const K: usize,
+    const OP: u32,
+    const WD: usize,
+    const WH: usize,
+    const WW: usize,
+>(
+    p: &PoolingFwdParams,
+    x: *const T,
+    y: *mut T,
+) {
+    let w = &p.win;
+    // Where output `s`'s window reads along each dim, clamped to x, and which of those
+    // positions lie inside it.
+    let window = #[inline(always)]
+    |s: [u32; 3]| {
+        (
+            clamped::<WD>(window_start(w, 0, s[0]), w.input[0]),
+            clamped::<WH>(window_start(w, 1, s[1]), w.input[1]),
+            clamped::<WW>(window_start(w, 2, s[2]), w.input[2]),
+        )
+    };
+    let fetch = #[inline(always)]
+    |coord: PoolCoord| -> [[[Vec16; WW]; WH]; WD] {
+        let PoolCoord { n, c, s } = coord;
+        let ((depth, _), (row, _), (col, _)) = window(s);
+        let base = row_offset(&p.x, n, c * K as u32);
+        core::array::from_fn(|a| {
+            core::array::from_fn(|r| {
+                let row_base = base + depth[a] * p.x[2] + row[r] * p.x[3];
+                core::array::from_fn(|q| {
+                    T::load_raw::<K>(x.add((row_base + col[q] * p.x[4]) as usize), true)
+                })
+            })
+        })
+    };
+    // Forced inline: called once per output of a turn (see `fwd_strip`).
+    let finish = #[inline(always)]
+    |coord: PoolCoord, vectors: [[[Vec16; WW]; WH]; WD]| {
+        let PoolCoord { n, c, s } = coord;
+        let at = y.add((row_offset(&p.y, n, c * K as u32) + spatial_offset(&p.y, s)) as usize);
+        if OP == AVG {
+            let ((_, depth_in), (_, row_in), (_, col_in)) = window(s);
+            let mut sum = [0.0f32; K];
+            crate::unrolled!(a in WD => crate::unrolled!(r in WH => crate::unrolled!(q in WW => {
+                let v = T::unpack::<K>(vectors[a][r][q]);
+                let inside = depth_in[a] & row_in[r] & col_in[q];
+                crate::unrolled!(k in K => sum[k] += if inside { v[k] } else { 0.0 });
+            })));
+            let inv = inverse_count(w, s);
+            store_blended::<T, K>(w, at, sum.map(|v| v * inv));
+            return;
+        }
+        // A max of the raw words (two 16-bit elements an instruction, exact), with no
+        // mask: a clamped position re-reads an element of the same window.
+        let mut max = [T::NEG_INF_WORD; 4];
+        crate::unrolled!(a in WD => crate::unrolled!(r in WH => crate::unrolled!(q in WW => {
+            crate::unrolled!(j in 4 => {
+                max[j] = T::max_words(max[j], vectors[a][r][q][j], OP == MAX_PROPAGATE_NAN);
+            });
+        })));
+        if w.alpha == 1.0 && w.beta == 0.0 {
+            st_global_v4(at as *mut u32, max);
+        } else {
+            store_blended::<T, K>(w, at, T::unpack::<K>(max));
+        }
+    };
+    const TURN: usize = oxidnn_params::POOLING_WINDOWS_PER_TURN as usize;
+    let locate = #[inline(always)]
+    |i: u64| p.items.at(i as u32);
+    grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
+}
+
 /// Forward of `WD x WIN x WIN` windows (depth x h x w) at strides `S` along h and w and
 /// padding `PAD` along w (any depth stride and any padding along d and h), over x whose
 /// rows are contiguous along w in whole vectors of `V` elements (16 or 8 bytes): a thread
@@ -480,7 +569,8 @@ unsafe fn fwd_window<T: Element, const K: usize, const OP: u32>(
 /// with the `PAD` elements before it and the `WIN - S - PAD` after it (`RW` in all). The
 /// thread loads each row of both its strips as that vector and a few single elements, all
 /// in flight at once ([`grid_stride_turns`]), and reduces each strip's `O` windows in
-/// registers: each column over the rows, then each output over its columns. ([`fwd_window`]
+/// registers: each column over the rows (a max in the raw words as loaded,
+/// [`Element::max_words`]), then each output over its columns. ([`fwd_window`]
 /// loads every element of every window singly: `O` times as many loads, each thread with
 /// fewer bytes in flight.) Rows and columns past the edges are clamped (re-read an edge
 /// element, which lies in the same window) and, for averages, masked, so the code has no
@@ -564,19 +654,34 @@ unsafe fn fwd_strip<
         // cannot change its max; an average leaves them out.
         let fill = identity::<OP>();
         let mut columns = [fill; RW];
-        crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
-            let (vector, singles) = rows[a][r];
+        let column = |q: usize, vector: [f32; V], single: u32| match q.checked_sub(PAD) {
+            Some(e) if e < V => vector[e],
+            _ => T::unpack::<1>([single, 0, 0, 0])[0],
+        };
+        if OP == AVG {
+            crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
+                let (vector, singles) = rows[a][r];
+                let vector = T::unpack::<V>(vector);
+                let row_inside = depth_in[a] & row_in[r];
+                crate::unrolled!(q in RW => {
+                    let v = column(q, vector, singles[q]);
+                    columns[q] += if row_inside & col_in[q] { v } else { 0.0 };
+                })
+            }));
+        } else {
+            // A max over the rows of the raw words as loaded ([`Element::max_words`]:
+            // 16-bit elements two an instruction), unpacked once. (A single's word holds
+            // its element in its low half, and the high halves' max is not used.)
+            let (mut vector, mut singles) = ([T::NEG_INF_WORD; 4], [T::NEG_INF_WORD; RW]);
+            let propagate = OP == MAX_PROPAGATE_NAN;
+            crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
+                let (v, s) = rows[a][r];
+                crate::unrolled!(j in 4 => vector[j] = T::max_words(vector[j], v[j], propagate));
+                crate::unrolled!(q in RW => singles[q] = T::max_words(singles[q], s[q], propagate));
+            }));
             let vector = T::unpack::<V>(vector);
-            let row_inside = depth_in[a] & row_in[r];
-            crate::unrolled!(q in RW => {
-                let v = match q.checked_sub(PAD) {
-                    Some(e) if e < V => vector[e],
-                    _ => T::unpack::<1>([singles[q], 0, 0, 0])[0],
-                };
-                let v = if OP != AVG || (row_inside & col_in[q]) { v } else { fill };
-                columns[q] = combine::<OP>(columns[q], v);
-            })
-        }));
+            crate::unrolled!(q in RW => columns[q] = column(q, vector, singles[q]));
+        }
         // (`columns[k * S]` went through `combine` with the fill: it is what `combine`
         // with the fill again would give.)
         let mut acc: [f32; O] = core::array::from_fn(|k| columns[k * S]);
@@ -2409,6 +2514,33 @@ macro_rules! strip_entry_points {
 }
 
 crate::for_each_dtype!(strip_entry_points);
+
+/// The window shapes `pooling_fwd_window_vec_<shape>_*` ([`fwd_window_vec_shaped`]) are
+/// compiled for (depth x h x w): ResNet's 3x3, the 2x2 of VGG and U-Nets, the 2x2x2 of
+/// 3-D networks.
+macro_rules! window_vec_entry_points {
+    ($dt:ident, $T:ty) => {
+        window_vec_entry_points!(@each $dt, $T, [3 x 3] (1, 3, 3) [2 x 2] (1, 2, 2)
+            [2 x 2 x 2] (2, 2, 2));
+    };
+    (@each $dt:ident, $T:ty, $([$($name:tt)*] ($wd:literal, $wh:literal, $ww:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_fwd_window_vec_*`, for windows of the shape in the name (depth x
+            /// h x w; any strides and paddings, each padding below its window).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_fwd_window_vec_ $($name)* _ $dt>](
+                p: PoolingFwdParams, x: *const $T, y: *mut $T,
+            ) {
+                with_vector!($T, |K| with_op!(p.win.kind, p.win.propagate_nan, |OP| {
+                    fwd_window_vec_shaped::<$T, K, OP, $wd, $wh, $ww>(&p, x, y)
+                }))
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(window_vec_entry_points);
 
 /// The compile-time window sizes of `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`]):
 /// 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: its windows take the gather).

@@ -51,6 +51,11 @@ pub const POOLING_CELL_VECTOR: usize = 4;
 /// reduced); the host sizes the grid so that each thread has that many.
 pub const POOLING_STRIPS_PER_TURN: u64 = 2;
 
+/// Output vectors a thread of `pooling_fwd_window_vec_<shape>_*` takes a turn (every
+/// vector of their windows loaded before any is reduced); the host sizes the grid so that
+/// each thread has that many.
+pub const POOLING_WINDOWS_PER_TURN: u64 = 2;
+
 /// What a window computes, numbered as the kernels expect.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -61,7 +61,7 @@ use oxidnn_params::{
     PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
     BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
     POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
-    POOLING_STRIPS_PER_TURN,
+    POOLING_STRIPS_PER_TURN, POOLING_WINDOWS_PER_TURN,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -783,8 +783,19 @@ fn forward_plan(
         }
         None if vec => {
             let it = items([g.n, g.c / k, d, h, w], true)?;
-            let cfg = grid_stride_config(it.len as u64, sm_count)?;
-            (kernels::pooling_fwd_window_vec(dtype), it, cfg)
+            match window_vec_kernel(g, dtype) {
+                Some(kernel) => {
+                    // A thread per `POOLING_WINDOWS_PER_TURN` outputs, all loaded at once
+                    // (as the strips).
+                    let threads = (it.len as u64).div_ceil(POOLING_WINDOWS_PER_TURN);
+                    let cfg = LaunchConfig::for_threads(threads, BLOCK_THREADS)?;
+                    (Some(kernel), it, cfg)
+                }
+                None => {
+                    let cfg = grid_stride_config(it.len as u64, sm_count)?;
+                    (kernels::pooling_fwd_window_vec(dtype), it, cfg)
+                }
+            }
         }
         None => {
             let it = items([g.n, g.c, d, h, w], channels_last(&ys))?;
@@ -797,6 +808,19 @@ fn forward_plan(
         cfg,
         how: ForwardKernel::Window(it),
     })
+}
+
+/// The channel-vector forward kernel compiled for this window's shape, if there is one:
+/// 3x3, 2x2 (a depth window of 1) or 2x2x2, any strides and paddings. A thread loads its
+/// windows' vectors all at once (`fwd_window_vec_shaped`), where the general kernel walks
+/// a window two vectors at a time.
+fn window_vec_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
+    match g.window {
+        [1, 3, 3] => kernels::pooling_fwd_window_vec_3x3(dtype),
+        [1, 2, 2] => kernels::pooling_fwd_window_vec_2x2(dtype),
+        [2, 2, 2] => kernels::pooling_fwd_window_vec_2x2x2(dtype),
+        _ => None,
+    }
 }
 
 /// The forward strip kernel compiled for this window, if there is one, and the outputs
