@@ -1044,8 +1044,8 @@ fn gpu_every_kernel_matches_the_reference() {
     });
 }
 
-/// A forward strip kernel's window shape: (name, window, padding, stride).
-type StripShape = (
+/// A window shape a forward kernel is compiled for: (name, window, padding, stride).
+type KernelWindow = (
     &'static str,
     &'static [usize],
     &'static [usize],
@@ -1054,7 +1054,7 @@ type StripShape = (
 
 /// The forward strip kernels' window shapes; the paddings along d and h are free (the
 /// kernels clamp them).
-const STRIP_SHAPES: [StripShape; 6] = [
+const STRIP_SHAPES: [KernelWindow; 6] = [
     ("2x2s2p0", &[2, 2], &[0, 0], &[2, 2]),
     ("2x2s1p0", &[2, 2], &[1, 0], &[1, 1]),
     ("3x3s2p0", &[3, 3], &[0, 0], &[2, 2]),
@@ -1139,7 +1139,7 @@ fn gpu_strip_max_at_the_edges_takes_only_its_window() {
 /// Channel-vector windows of the shapes a forward kernel is compiled for
 /// (`pooling_fwd_window_vec_<shape>_*`): (shape, window, padding, stride). Their strides and
 /// paddings are free; these put windows across every edge of x.
-const WINDOW_VEC_SHAPES: [StripShape; 6] = [
+const WINDOW_VEC_SHAPES: [KernelWindow; 6] = [
     ("3x3", &[3, 3], &[1, 1], &[2, 2]),
     ("3x3", &[3, 3], &[1, 0], &[1, 1]),
     ("3x3", &[3, 3], &[2, 1], &[3, 2]),

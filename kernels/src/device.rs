@@ -854,7 +854,8 @@ macro_rules! packed_max {
 
 packed_max! {
     /// The max of each half of `a` and `b` as f16 (a NaN operand yields the other; two
-    /// NaNs, NaN): one `HMNMX2` for two elements.
+    /// NaNs, NaN): two elements an instruction (ptxas fuses two into a three-input
+    /// `VHMNMX`).
     max_f16x2 = "max.f16x2";
     /// The max of each half of `a` and `b` as f16, NaN if either is.
     max_nan_f16x2 = "max.NaN.f16x2";

@@ -19,12 +19,14 @@
 //! - **Average** divides the window's sum by its volume (padding counts as zeros) or by its
 //!   in-bounds element count; the backward spreads `dy` over the window likewise.
 //!
-//! The GPU computes in f32 for every storage type. Forward: a thread per output (threads
-//! along the output's w for NCHW); channel-contiguous tensors (NHWC) move 16-byte vectors
-//! of channels; rows contiguous along w (NCHW) take, for the common window shapes (2x2,
-//! 3x3, 2x2x2), a thread per strip of outputs along w that loads its windows' rows as
-//! 16-byte vectors; a window that covers the whole spatial extent without padding (global
-//! pooling) runs a dedicated reduction per `(n, c)`. Backward, without atomics: each dx
+//! The GPU computes averages in f32 for every storage type, and maxima exactly (the
+//! forward kernels of the common shapes take 16-bit maxima as stored, two elements an
+//! instruction). Forward: a thread per output (threads along the output's w for NCHW);
+//! channel-contiguous tensors (NHWC) move 16-byte vectors of channels, the common window
+//! shapes (2x2, 3x3, 2x2x2) compiled in with every vector of a window loaded at once; rows
+//! contiguous along w (NCHW) take, for those shapes, a thread per strip of outputs along w
+//! that loads its windows' rows as 16-byte vectors; a window that covers the whole spatial
+//! extent without padding (global pooling) runs a dedicated reduction per `(n, c)`. Backward, without atomics: each dx
 //! element is written by one thread, as a gather over the windows containing it, per cell
 //! (the stride-sized block of elements at a window start, each overlapping window visited
 //! once; over NCHW rows, the common shapes have cell kernels of their own that load their
