@@ -682,8 +682,8 @@ unsafe fn fwd_strip<
             let vector = T::unpack::<V>(vector);
             crate::unrolled!(q in RW => columns[q] = column(q, vector, singles[q]));
         }
-        // (`columns[k * S]` went through `combine` with the fill: it is what `combine`
-        // with the fill again would give.)
+        // (Each column is reduced from the identity already, so an output may start from
+        // its first column.)
         let mut acc: [f32; O] = core::array::from_fn(|k| columns[k * S]);
         crate::unrolled!(k in O => crate::unrolled!(e in WIN => {
             if e > 0 {
