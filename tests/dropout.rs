@@ -331,8 +331,12 @@ proptest! {
 fn gpu_packed_path_on_every_dtype_and_awkward_lengths() {
     with_gpu("gpu_packed_path_on_every_dtype_and_awkward_lengths", |h| {
         for dt in DataType::GPU {
-            // Whole chunks, a partial last chunk, fewer elements than a warp, one element.
-            for len in [1usize, 3, 31, 33, 1000, 4096, 65_536 + 17, 300_001] {
+            // Whole chunks, a partial last chunk, fewer elements than a warp, one element;
+            // and a tensor over which every warp of the one resident wave takes many
+            // chunks (an H100's cover about 1.6M f32 elements a turn), y checked too.
+            let few = [1usize, 3, 31, 33, 1000, 4096, 65_536 + 17, 300_001];
+            let many_turns = (1 << 24) + 5;
+            for len in few.into_iter().chain([many_turns]) {
                 let d = TensorDescriptor::packed(dt, &[len]).unwrap();
                 gpu_against_cpu(h, d, d, 0.1, len as u64);
             }

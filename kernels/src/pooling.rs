@@ -196,6 +196,23 @@ fn clamped<const N: usize>(first: i32, extent: u32) -> ([u32; N], [bool; N]) {
     )
 }
 
+/// Whether every position strip `s` (`[od, oh, strip]`) of [`fwd_strip`] reads lies inside
+/// x: its `WD` depth planes and `WIN` rows from the windows' starts, and its `RW` columns
+/// from `strip * v - pad`.
+#[inline(always)]
+fn strip_inside<const WD: usize, const WIN: usize, const RW: usize>(
+    w: &PoolWindow,
+    s: [u32; 3],
+    v: u32,
+    pad: u32,
+) -> bool {
+    let inside =
+        |first: i32, n: usize, extent: u32| first >= 0 && first + n as i32 <= extent as i32;
+    inside(window_start(w, 0, s[0]), WD, w.input[0])
+        & inside(window_start(w, 1, s[1]), WIN, w.input[1])
+        & inside((s[2] * v) as i32 - pad as i32, RW, w.input[2])
+}
+
 /// `1 / count` of the average over window `o`.
 #[inline(always)]
 fn inverse_count(w: &PoolWindow, o: [u32; 3]) -> f32 {
@@ -658,7 +675,18 @@ unsafe fn fwd_strip<
             Some(e) if e < V => vector[e],
             _ => T::unpack::<1>([single, 0, 0, 0])[0],
         };
-        if OP == AVG {
+        if OP == AVG && strip_inside::<WD, WIN, RW>(w, s, V as u32, PAD as u32) {
+            // Most strips: every position inside x, so no masks (their predicates would be
+            // kept across the rows in registers).
+            crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
+                let (vector, singles) = rows[a][r];
+                let vector = T::unpack::<V>(vector);
+                crate::unrolled!(q in RW => {
+                    let v = column(q, vector, singles[q]);
+                    columns[q] = if a == 0 && r == 0 { v } else { columns[q] + v };
+                })
+            }));
+        } else if OP == AVG {
             crate::unrolled!(a in WD => crate::unrolled!(r in WIN => {
                 let (vector, singles) = rows[a][r];
                 let vector = T::unpack::<V>(vector);
