@@ -1191,6 +1191,47 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
     );
 }
 
+/// The average backward over channel vectors of disjoint 2x2 windows (window = stride,
+/// unpadded) takes its own cell kernel by default: a thread per cell and 16-byte vector,
+/// the window's dy written, scaled, to the cell's dx vectors. Odd heights and widths leave
+/// cells past the last window (a zero gradient) and cells cut short at the edges; 24
+/// channels are 3 vectors of f16 and 6 of f32; a 3-D tensor takes a depth window of 1;
+/// every dtype, both average modes, ties, NaN and blends, against the reference.
+#[test]
+fn gpu_disjoint_average_backward_over_channel_vectors_matches_the_reference() {
+    with_gpu(
+        "gpu_disjoint_average_backward_over_channel_vectors_matches_the_reference",
+        |h| {
+            let shapes: [(&[usize], &[usize]); 3] = [
+                (&[2, 2], &[2, 24, 7, 9]),
+                (&[2, 2], &[3, 16, 8, 6]),
+                (&[1, 2, 2], &[1, 32, 3, 5, 7]),
+            ];
+            for (window, dims) in shapes {
+                let padding = vec![0; window.len()];
+                for mode in [
+                    PoolingMode::AverageCountIncludePadding,
+                    PoolingMode::AverageCountExcludePadding,
+                ] {
+                    let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, window, &padding, window)
+                        .unwrap();
+                    for dt in DataType::GPU {
+                        for (data, ab) in DATA_AND_BLENDS {
+                            let p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
+                            let b =
+                                pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
+                                    .unwrap();
+                            let want = format!("pooling_bwd_cell_vec_avg_2x2s2_{dt}");
+                            assert_eq!(b, want, "backward kernel of {p:?}");
+                            check_backward(h, &p, None);
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
+
 /// The max backward's bands of rows against the reference: planes cut into several bands
 /// (the last one short), strides that skip rows, windows taller than wide, a band of one row
 /// where wider ones take too much shared memory, 1-D and 3-D windows of depth 1, and x and

@@ -1727,6 +1727,66 @@ unsafe fn bwd_strip_avg<T: Element, const S: usize, const V: usize, const O: usi
     })
 }
 
+/// Average backward of non-overlapping, unpadded 2-D windows, `S x S` at stride `S` (the
+/// depth window 1 at stride 1), over channel vectors (NHWC): a thread per cell (the `S x S`
+/// dx positions under one window) and 16-byte vector of `K` channels reads the window's dy
+/// vector and writes it, scaled, to the cell's positions inside dx; two cells a turn with
+/// both dy vectors in flight before it waits (`grid_stride_turns`). Consecutive lanes take
+/// consecutive channel vectors, so every load and store of a warp is contiguous. Cells
+/// past the last window (where the window does not divide the input) take a zero gradient.
+/// (The gather visits each dx vector's windows through run-time bounds and divisions.)
+///
+/// # Safety
+/// As `pooling_bwd_cell_vec_avg_*`, with vectors of `K = 16 / size` channels (`items.c`
+/// counts them, `items` counts cells; dy and dx channel-contiguous as for
+/// `pooling_fwd_window_vec_*`), and the window as above (checked by the host).
+#[inline(always)]
+unsafe fn bwd_cell_vec_avg_disjoint<T: Element, const S: usize, const K: usize>(
+    p: &PoolingBwdParams,
+    dy: *const T,
+    dx: *mut T,
+) {
+    let w = &p.win;
+    // The cell's window (the one at the cell's own index), clamped into dy, and whether
+    // it is one.
+    let window = #[inline(always)]
+    |cell: [u32; 3]| {
+        let inside = cell[1] < w.output[1] && cell[2] < w.output[2];
+        let o = [
+            cell[0],
+            cell[1].min(w.output[1] - 1),
+            cell[2].min(w.output[2] - 1),
+        ];
+        (o, inside)
+    };
+    let fetch = #[inline(always)]
+    |coord: PoolCoord| -> Vec16 {
+        let PoolCoord { n, c, s: cell } = coord;
+        let at = row_offset(&p.dy, n, c * K as u32) + spatial_offset(&p.dy, window(cell).0);
+        T::load_raw::<K>(dy.add(at as usize), true)
+    };
+    let finish = #[inline(always)]
+    |coord: PoolCoord, raw: Vec16| {
+        let PoolCoord { n, c, s: cell } = coord;
+        let inside = window(cell).1;
+        let g = T::unpack::<K>(raw);
+        let values: [f32; K] =
+            core::array::from_fn(|k| if inside { g[k] * w.inv_volume } else { 0.0 });
+        let dx_row = row_offset(&p.dx, n, c * K as u32);
+        crate::unrolled!(r in S => crate::unrolled!(q in S => {
+            let (ih, iw) = (cell[1] * S as u32 + r as u32, cell[2] * S as u32 + q as u32);
+            if ih < w.input[1] && iw < w.input[2] {
+                let at = dx_row + spatial_offset(&p.dx, [cell[0], ih, iw]);
+                store_blended::<T, K>(w, dx.add(at as usize), values);
+            }
+        }));
+    };
+    let locate = #[inline(always)]
+    |i: u64| p.items.at(i as u32);
+    const TURN: usize = oxidnn_params::POOLING_STRIPS_PER_TURN as usize;
+    grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
+}
+
 /// Max backward through shared memory: a block takes a tile of cells of one image and run
 /// of channel vectors (see `PoolTile`). First every window overlapping the tile finds, once,
 /// the element that takes its gradient (its first element equal to its y), kept in shared
@@ -2569,6 +2629,31 @@ macro_rules! window_vec_entry_points {
 }
 
 crate::for_each_dtype!(window_vec_entry_points);
+
+/// The compile-time window sizes of `pooling_bwd_cell_vec_avg_<W>x<W>s<W>_*`
+/// ([`bwd_cell_vec_avg_disjoint`]): 2x2.
+macro_rules! cell_vec_avg_entry_points {
+    ($dt:ident, $T:ty) => {
+        cell_vec_avg_entry_points!(@each $dt, $T, 2);
+    };
+    (@each $dt:ident, $T:ty, $($s:literal)*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `pooling_bwd_cell_vec_avg_*`, for unpadded 2-D windows of the size in the
+            /// name at a stride of that size (`window = stride = [1, S, S]`, `pad = [0, 0,
+            /// 0]`), with `items` counting cells and vectors of `16 / size` channels, every
+            /// operand channel-contiguous in such vectors, aligned to 16 bytes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_avg_ $s x $s s $s _ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell_vec_avg_disjoint::<$T, $s, { 16 / size_of::<$T>() }>(&p, dy, dx)
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(cell_vec_avg_entry_points);
 
 /// The compile-time window sizes of `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`]):
 /// 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: its windows take the gather).
