@@ -38,6 +38,9 @@
 //!   compiled for square 2-D windows of 2x2 and 3x3 at stride 2 (any padding): a thread
 //!   per cell and vector, each row of its windows loaded at once, the winners found in
 //!   registers.
+//! - `pooling_bwd_cell_vec_avg_2x2s2_*`: the average backward of non-overlapping 2x2
+//!   windows over channel vectors (NHWC): a thread per cell and 16-byte vector, the
+//!   window's one dy vector written, scaled, to the cell's dx vectors.
 //! - `pooling_bwd_strip_avg_2x2s2_*`: the average backward of non-overlapping 2x2 windows
 //!   over dx rows contiguous along w in 16-byte vectors (NCHW): a thread per vector of
 //!   dx columns, its windows' dy read together, dx written as vectors.
