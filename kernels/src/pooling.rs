@@ -2633,36 +2633,14 @@ macro_rules! window_vec_entry_points {
 
 crate::for_each_dtype!(window_vec_entry_points);
 
-/// The compile-time window sizes of `pooling_bwd_cell_vec_avg_<W>x<W>s<W>_*`
-/// ([`bwd_cell_vec_avg_disjoint`]): 2x2.
-macro_rules! cell_vec_avg_entry_points {
+/// The compile-time window sizes of the average backward kernels of disjoint windows:
+/// `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`], NCHW rows of vectors) and
+/// `pooling_bwd_cell_vec_avg_<W>x<W>s<W>_*` ([`bwd_cell_vec_avg_disjoint`], channel
+/// vectors): 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: over single
+/// channels its windows take the gather).
+macro_rules! disjoint_avg_entry_points {
     ($dt:ident, $T:ty) => {
-        cell_vec_avg_entry_points!(@each $dt, $T, 2);
-    };
-    (@each $dt:ident, $T:ty, $($s:literal)*) => {
-        paste::paste! { $(
-            /// # Safety
-            /// As `pooling_bwd_cell_vec_avg_*`, for unpadded 2-D windows of the size in the
-            /// name at a stride of that size (`window = stride = [1, S, S]`, `pad = [0, 0,
-            /// 0]`), with `items` counting cells and vectors of `16 / size` channels, every
-            /// operand channel-contiguous in such vectors, aligned to 16 bytes.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_avg_ $s x $s s $s _ $dt>](
-                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
-            ) {
-                bwd_cell_vec_avg_disjoint::<$T, $s, { 16 / size_of::<$T>() }>(&p, dy, dx)
-            }
-        )* }
-    };
-}
-
-crate::for_each_dtype!(cell_vec_avg_entry_points);
-
-/// The compile-time window sizes of `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`]):
-/// 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: its windows take the gather).
-macro_rules! strip_avg_entry_points {
-    ($dt:ident, $T:ty) => {
-        strip_avg_entry_points!(@each $dt, $T, 2);
+        disjoint_avg_entry_points!(@each $dt, $T, 2);
     };
     (@each $dt:ident, $T:ty, $($s:literal)*) => {
         paste::paste! { $(
@@ -2678,8 +2656,18 @@ macro_rules! strip_avg_entry_points {
                 const V: usize = 16 / size_of::<$T>();
                 bwd_strip_avg::<$T, $s, V, { V / $s }>(&p, dy, dx)
             }
+            /// # Safety
+            /// As `pooling_bwd_cell_vec_avg_*`, for the windows above, with `items` counting
+            /// cells and vectors of `16 / size` channels, every operand channel-contiguous
+            /// in such vectors, aligned to 16 bytes.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_avg_ $s x $s s $s _ $dt>](
+                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_cell_vec_avg_disjoint::<$T, $s, { 16 / size_of::<$T>() }>(&p, dy, dx)
+            }
         )* }
     };
 }
 
-crate::for_each_dtype!(strip_avg_entry_points);
+crate::for_each_dtype!(disjoint_avg_entry_points);
