@@ -1217,9 +1217,9 @@ fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> Poo
         } else {
             PoolingBwdAlgo::Tile
         }
-    } else if vectors && disjoint_window(g) == Some(2) {
-        PoolingBwdAlgo::Cell
-    } else if !vectors && (2..=POOLING_MAX_CELL).contains(&cell) {
+    } else if (vectors && disjoint_window(g) == Some(2))
+        || (!vectors && (2..=POOLING_MAX_CELL).contains(&cell))
+    {
         PoolingBwdAlgo::Cell
     } else {
         PoolingBwdAlgo::Gather
