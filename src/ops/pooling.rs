@@ -1358,7 +1358,9 @@ fn backward_plan(
     // Average pooling reads neither x nor y.
     let read = if max { &strides[..] } else { &strides[2..] };
     let vectors = |k: usize| aligned && channel_vectors(g.c, k, read);
-    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors(16 / dtype.size_bytes())));
+    // Whether the operands take 16-byte channel vectors.
+    let vectors16 = vectors(16 / dtype.size_bytes());
+    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors16));
     match algo {
         PoolingBwdAlgo::Cell if cell_len(g) > POOLING_MAX_CELL => {
             return Err(Error::unsupported(format!(
@@ -1372,7 +1374,7 @@ fn backward_plan(
         _ => {}
     }
     // The average over disjoint windows' cells of 16-byte channel vectors, if compiled.
-    let cell_vec_avg = if algo == PoolingBwdAlgo::Cell && !max && vectors(16 / dtype.size_bytes()) {
+    let cell_vec_avg = if algo == PoolingBwdAlgo::Cell && !max && vectors16 {
         cell_vec_avg_kernel(g, dtype)
     } else {
         None
