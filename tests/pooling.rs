@@ -949,8 +949,8 @@ fn gpu_every_kernel_matches_the_reference() {
                 _ => String::new(),
             };
             // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors (channels first)
-            // take the average strip kernel.
-            let avg_strip = |dt: DataType| {
+            // take the disjoint-window strip kernel, for the max and the average.
+            let disjoint_strip = |dt: DataType| {
                 window == [2, 2]
                     && stride == [2, 2]
                     && padding == [0, 0]
@@ -1023,12 +1023,12 @@ fn gpu_every_kernel_matches_the_reference() {
                                 format!("pooling_bwd_global_{how}_{dt}")
                             } else if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
+                            } else if algo == PoolingBwdAlgo::Cell && disjoint_strip(dt) {
+                                format!("pooling_bwd_disjoint_strip_{m}_2x2s2_{dt}")
                             } else if let (PoolingBwdAlgo::Cell, "max", Some(shape)) =
                                 (algo, m, &shaped_cell)
                             {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
-                            } else if algo == PoolingBwdAlgo::Cell && m == "avg" && avg_strip(dt) {
-                                format!("pooling_bwd_strip_avg_2x2s2_{dt}")
                             } else if algo == PoolingBwdAlgo::Tile && band {
                                 format!("pooling_bwd_band_max{band_shape}_{dt}")
                             } else {
@@ -1191,45 +1191,67 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
     );
 }
 
-/// The average backward over channel vectors of disjoint 2x2 windows (window = stride,
-/// unpadded) takes its own cell kernel by default: a thread per cell and 16-byte vector,
-/// the window's dy written, scaled, to the cell's dx vectors. Odd heights and widths leave
+/// The backward of disjoint windows (window = stride, unpadded: each dx element under one
+/// window at most) takes kernels of its own by default, for the max and both averages:
+/// over channel vectors (NHWC) a thread per cell and 16-byte vector, over rows of 16-byte
+/// vectors (NCHW) a thread per vector of dx columns. Odd depths, heights and widths leave
 /// cells past the last window (a zero gradient) and cells cut short at the edges; 24
-/// channels are 3 vectors of f16 and 6 of f32; a 3-D tensor takes a depth window of 1;
-/// every dtype, both average modes, ties, NaN and blends, against the reference.
+/// channels are 3 vectors of f16 and 6 of f32; 3-D tensors take a depth window of 1 and
+/// 2x2x2 windows; x with gaps between its rows (a pitch of whole vectors); every dtype,
+/// ties (the first maximum in scan order takes the gradient), NaN and blends, against the
+/// reference.
 #[test]
-fn gpu_disjoint_average_backward_over_channel_vectors_matches_the_reference() {
-    with_gpu(
-        "gpu_disjoint_average_backward_over_channel_vectors_matches_the_reference",
-        |h| {
-            let shapes: [(&[usize], &[usize]); 3] = [
-                (&[2, 2], &[2, 24, 7, 9]),
-                (&[2, 2], &[3, 16, 8, 6]),
-                (&[1, 2, 2], &[1, 32, 3, 5, 7]),
-            ];
-            for (window, dims) in shapes {
-                let padding = vec![0; window.len()];
-                for mode in [
-                    PoolingMode::AverageCountIncludePadding,
-                    PoolingMode::AverageCountExcludePadding,
-                ] {
-                    let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, window, &padding, window)
-                        .unwrap();
-                    for dt in DataType::GPU {
-                        for (data, ab) in DATA_AND_BLENDS {
-                            let p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
-                            let b =
-                                pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
-                                    .unwrap();
-                            let want = format!("pooling_bwd_cell_vec_avg_2x2s2_{dt}");
-                            assert_eq!(b, want, "backward kernel of {p:?}");
-                            check_backward(h, &p, None);
+fn gpu_disjoint_window_backward_matches_the_reference() {
+    with_gpu("gpu_disjoint_window_backward_matches_the_reference", |h| {
+        let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
+        // (window, dims, layout, gaps between x's rows)
+        let cases: [(&[usize], &[usize], Layout, bool); 9] = [
+            (&[2, 2], &[2, 24, 7, 9], last, false),
+            (&[2, 2], &[3, 16, 8, 6], last, false),
+            (&[1, 2, 2], &[1, 32, 3, 5, 7], last, false),
+            (&[2, 2, 2], &[2, 16, 5, 6, 7], last, false),
+            (&[2, 2, 2], &[1, 24, 4, 5, 4], last, false),
+            (&[2, 2], &[2, 3, 7, 16], first, false),
+            (&[2, 2], &[1, 2, 6, 8], first, true),
+            (&[1, 2, 2], &[2, 3, 3, 5, 8], first, false),
+            (&[2, 2, 2], &[2, 3, 5, 7, 16], first, false),
+        ];
+        for (window, dims, layout, gaps) in cases {
+            let padding = vec![0; window.len()];
+            let shape = if window.len() == 3 && window[0] == 2 {
+                "2x2x2s2"
+            } else {
+                "2x2s2"
+            };
+            let how = if layout == last { "vec" } else { "strip" };
+            for mode in PoolingMode::ALL {
+                let pool =
+                    PoolingDescriptor::new_nd(mode, PROPAGATE, window, &padding, window).unwrap();
+                let op = if mode.is_max() { "max" } else { "avg" };
+                for dt in DataType::GPU {
+                    for (data, ab) in DATA_AND_BLENDS {
+                        let mut p = dense_problem(pool, dt, dims, layout, data, ab);
+                        if gaps {
+                            // Rows a vector apart more than their width.
+                            let mut strides = vec![0; dims.len()];
+                            let rank = dims.len();
+                            strides[rank - 1] = 1;
+                            strides[rank - 2] = dims[rank - 1] + 16 / dt.size_bytes();
+                            for d in (0..rank - 2).rev() {
+                                strides[d] = strides[d + 1] * dims[d + 1];
+                            }
+                            p.x = TensorDescriptor::new(dt, dims, &strides).unwrap();
                         }
+                        let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
+                            .unwrap();
+                        let want = format!("pooling_bwd_disjoint_{how}_{op}_{shape}_{dt}");
+                        assert_eq!(b, want, "backward kernel of {p:?}");
+                        check_backward(h, &p, None);
                     }
                 }
             }
-        },
-    );
+        }
+    });
 }
 
 /// The max backward's bands of rows against the reference: planes cut into several bands
@@ -1382,7 +1404,8 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
 /// channels of one vector and of several that are not whole 16-byte vectors (12: only the
 /// forced cell algorithm takes them), a 3-D window of depth 1, channel-contiguous tensors
 /// with gaps between pixels, ties, NaNs and an alpha/beta blend, in both max modes and
-/// every dtype. The default algorithm takes them where C fills 16-byte vectors.
+/// every dtype. The default algorithm takes them where C fills 16-byte vectors; there,
+/// unpadded 2x2/s2 windows take the disjoint-window kernel instead.
 #[test]
 fn gpu_cell_vec_backward_matches_the_reference() {
     with_gpu("gpu_cell_vec_backward_matches_the_reference", |h| {
@@ -1398,13 +1421,14 @@ fn gpu_cell_vec_backward_matches_the_reference() {
             strides[0] = s;
             TensorDescriptor::new(dt, dims, &strides).unwrap()
         };
-        let cases: [KernelCase; 9] = [
+        let cases: [KernelCase; 10] = [
             (&[3, 3], &[1, 1], &[2, 2], &[2, 16, 17, 19], false, "3x3s2"),
             (&[3, 3], &[0, 0], &[2, 2], &[2, 4, 13, 10], false, "3x3s2"),
             (&[3, 3], &[1, 0], &[2, 2], &[1, 12, 7, 11], false, "3x3s2"),
             (&[3, 3], &[0, 1], &[2, 2], &[3, 8, 5, 5], false, "3x3s2"),
             (&[3, 3], &[1, 1], &[2, 2], &[2, 8, 9, 6], true, "3x3s2"),
             (&[2, 2], &[0, 0], &[2, 2], &[2, 16, 9, 11], false, "2x2s2"),
+            (&[2, 2], &[0, 0], &[2, 2], &[2, 12, 7, 9], false, "2x2s2"),
             (&[2, 2], &[1, 1], &[2, 2], &[1, 4, 6, 7], false, "2x2s2"),
             (&[2, 2], &[1, 0], &[2, 2], &[2, 8, 5, 8], true, "2x2s2"),
             (
@@ -1426,14 +1450,22 @@ fn gpu_cell_vec_backward_matches_the_reference() {
                         if gaps {
                             p.x = gapped(dt, dims);
                         }
-                        let kernel = format!("pooling_bwd_cell_vec_max_{shape}_{dt}");
+                        let whole_vectors = !gaps && dims[1] % (16 / dt.size_bytes()) == 0;
+                        // Unpadded windows of their stride's size over whole 16-byte
+                        // vectors take the disjoint-window kernel.
+                        let disjoint = whole_vectors && window == stride && padding == [0, 0];
+                        let kernel = if disjoint {
+                            format!("pooling_bwd_disjoint_vec_max_{shape}_{dt}")
+                        } else {
+                            format!("pooling_bwd_cell_vec_max_{shape}_{dt}")
+                        };
                         let algo = PoolingBwdAlgo::Cell;
                         let b =
                             pooling_backward_kernel(h, Some(algo), &p.pool, &p.x, &p.y, &p.y, &p.x);
                         assert_eq!(b.unwrap(), kernel, "{p:?}");
                         check_backward(h, &p, Some(algo));
                         // Where C fills 16-byte vectors of the dtype, the default too.
-                        if !gaps && dims[1] % (16 / dt.size_bytes()) == 0 {
+                        if whole_vectors {
                             let b =
                                 pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x);
                             assert_eq!(b.unwrap(), kernel, "default of {p:?}");
@@ -1589,6 +1621,34 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 pooling_backward_kernel(h, None, &stem, &x, &y, &y, &x).unwrap(),
                 bwd
             );
+        }
+        // The disjoint windows of VGG and U-Nets (2x2/s2) and of 3-D networks (2x2x2/s2).
+        let disjoint: [(&[usize], &[usize]); 2] = [
+            (&[2, 2], &[32, 128, 112, 112]),
+            (&[2, 2, 2], &[8, 64, 16, 56, 56]),
+        ];
+        for (window, dims) in disjoint {
+            let padding = vec![0; window.len()];
+            let pool =
+                PoolingDescriptor::new_nd(PoolingMode::Max, NOT, window, &padding, window).unwrap();
+            let shape = if window.len() == 3 {
+                "2x2x2s2"
+            } else {
+                "2x2s2"
+            };
+            for (layout, how) in [
+                (Layout::ChannelsFirst, "strip"),
+                (Layout::ChannelsLast, "vec"),
+            ] {
+                let x =
+                    TensorDescriptor::spatial(DataType::F16, dims[0], dims[1], &dims[2..], layout)
+                        .unwrap();
+                let y = pooled(&pool, &x, layout);
+                assert_eq!(
+                    pooling_backward_kernel(h, None, &pool, &x, &y, &y, &x).unwrap(),
+                    format!("pooling_bwd_disjoint_{how}_max_{shape}_f16")
+                );
+            }
         }
         // Inception's 3x3/s1/p1 on 28x28 f16 rows (56 bytes: 8-byte vectors).
         let inception = pool2d(PoolingMode::Max, 3, 1, 1);

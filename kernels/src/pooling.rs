@@ -38,12 +38,13 @@
 //!   compiled for square 2-D windows of 2x2 and 3x3 at stride 2 (any padding): a thread
 //!   per cell and vector, each row of its windows loaded at once, the winners found in
 //!   registers.
-//! - `pooling_bwd_cell_vec_avg_2x2s2_*`: the average backward of non-overlapping 2x2
-//!   windows over channel vectors (NHWC): a thread per cell and 16-byte vector, the
-//!   window's one dy vector written, scaled, to the cell's dx vectors.
-//! - `pooling_bwd_strip_avg_2x2s2_*`: the average backward of non-overlapping 2x2 windows
-//!   over dx rows contiguous along w in 16-byte vectors (NCHW): a thread per vector of
-//!   dx columns, its windows' dy read together, dx written as vectors.
+//! - `pooling_bwd_disjoint_{strip,vec}_{avg,max}_<shape>_*`: the backward of
+//!   non-overlapping, unpadded 2x2 and 2x2x2 windows, where each dx element is under one
+//!   window at most. `strip`: over rows contiguous along w in 16-byte vectors (NCHW), a
+//!   thread per vector of dx columns and row of windows, its windows' dy (and y, and the x
+//!   vectors under them, for the max) read together, dx written as vectors. `vec`: over
+//!   channel vectors (NHWC), a thread per cell and 16-byte vector, the window's dy vector
+//!   (and y and the cell's x vectors, for the max) written to the cell's dx vectors.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //! - `pooling_bwd_band_max_*`: max of 2-D windows over single channels through shared
@@ -1680,109 +1681,296 @@ unsafe fn bwd_cell_region_vec<
     })
 }
 
-/// Average backward of non-overlapping, unpadded 2-D windows, `S x S` at stride `S` (the
-/// depth window 1 at stride 1), over dx whose rows are contiguous along w in whole 16-byte
-/// vectors of `V` elements: a thread per vector of dx columns and row of windows, which
-/// reads the `O = V / S` dy of the windows over its columns together and writes the `S`
-/// vectors under them. Consecutive threads write consecutive vectors, so a warp's stores
-/// fill whole sectors. dx elements under no window (the last rows and columns where the
-/// window does not divide the input) take a zero gradient. ([`bwd_cell`] reads one dy a
-/// thread and writes single elements.)
-///
-/// # Safety
-/// As `pooling_bwd_cell_avg_*`, with `items` counting w in strips of `O` cells, the window
-/// as above (`pad = [0, 0, 0]`; checked by the host), and dx 16-byte aligned with unit w
-/// stride, its other strides and w extent multiples of `V` (so a strip's vector, which
-/// starts inside its row, ends inside it).
+/// The first of a window's `n` elements (a compile-time constant after inlining), in scan
+/// order, for which `same` holds (the one that takes a max window's gradient), or
+/// `u32::MAX` if none does. Scanned in reverse with selects: no branches.
 #[inline(always)]
-unsafe fn bwd_strip_avg<T: Element, const S: usize, const V: usize, const O: usize>(
-    p: &PoolingBwdParams,
-    dy: *const T,
-    dx: *mut T,
-) {
-    const { assert!(V * size_of::<T>() == 16 && O * S == V) };
-    let w = &p.win;
-    grid_stride(p.items.len as u64, |i| {
-        let PoolCoord { n, c, s } = p.items.at(i as u32);
-        let [depth, cell_h, strip] = s;
-        // The strip's windows, clamped into dy (a clamped one gives no gradient).
-        let (ow, ow_in) = clamped::<O>((strip * O as u32) as i32, w.output[2]);
-        let row_in = cell_h < w.output[1];
-        let oh = cell_h.min(w.output[1] - 1);
-        let dy_row = row_offset(&p.dy, n, c) + depth * p.dy[2] + oh * p.dy[3];
-        let grad: [f32; O] = core::array::from_fn(|k| {
-            let g = load::<T, 1>(dy.add((dy_row + ow[k] * p.dy[4]) as usize))[0];
-            if row_in & ow_in[k] {
-                g * w.inv_volume
-            } else {
-                0.0
-            }
-        });
-        let values = core::array::from_fn(|e| grad[e / S]);
-        let dx_base = row_offset(&p.dx, n, c) + depth * p.dx[2] + strip * V as u32;
-        crate::unrolled!(r in S => {
-            let ih = cell_h * S as u32 + r as u32;
-            if ih < w.input[1] {
-                let at = dx_base + ih * p.dx[3];
-                store_blended::<T, V>(w, dx.add(at as usize), values);
-            }
-        });
-    })
+fn first_equal(n: usize, same: impl Fn(usize) -> bool) -> u32 {
+    let mut first = u32::MAX;
+    crate::unrolled!(j in n => {
+        let j = n - 1 - j;
+        if same(j) {
+            first = j as u32;
+        }
+    });
+    first
 }
 
-/// Average backward of non-overlapping, unpadded 2-D windows, `S x S` at stride `S` (the
-/// depth window 1 at stride 1), over channel vectors (NHWC): a thread per cell (the `S x S`
-/// dx positions under one window) and 16-byte vector of `K` channels reads the window's dy
-/// vector and writes it, scaled, to the cell's positions inside dx; two cells a turn with
-/// both dy vectors in flight before it waits (`grid_stride_turns`). Consecutive lanes take
-/// consecutive channel vectors, so every load and store of a warp is contiguous. Cells
-/// past the last window (where the window does not divide the input) take a zero gradient.
-/// (The gather visits each dx vector's windows through run-time bounds and divisions.)
+/// Per channel, the first of a window's `n` vectors of `K` channels (a compile-time
+/// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) equal to the
+/// window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether a NaN must count as
+/// equal to a NaN (some y is NaN); without, `==` on the elements as loaded (two 16-bit ones
+/// an instruction).
+#[inline(always)]
+fn first_equal_channels<T: Element, const K: usize, const NAN: bool>(
+    n: usize,
+    x: impl Fn(usize) -> Vec16,
+    y_raw: Vec16,
+) -> [u32; K] {
+    let y = T::unpack::<K>(y_raw);
+    let mut first = [u32::MAX; K];
+    crate::unrolled!(j in n => {
+        let j = n - 1 - j;
+        let same: [bool; K] = if NAN {
+            let xv = T::unpack::<K>(x(j));
+            core::array::from_fn(|k| same_value(xv[k], y[k]))
+        } else {
+            T::equal::<K>(x(j), y_raw)
+        };
+        crate::unrolled!(k in K => {
+            if same[k] {
+                first[k] = j as u32;
+            }
+        });
+    });
+    first
+}
+
+/// Backward of non-overlapping, unpadded windows, `WD x S x S` at stride `WD x S x S` (`WD`
+/// 1, the planes passing through, or `S`), over rows contiguous along w in whole 16-byte
+/// vectors of `V` elements (NCHW): a thread per vector of dx columns and row of windows,
+/// two a turn with every load of the turn in flight before the first wait
+/// (`grid_stride_turns`). The `O = V / S` windows over the vector's columns cover exactly
+/// the `WD * S` dx vectors under them (a dx element is under one window at most: the one at
+/// its cell's index). Average (`OP == AVG`): each window's dy, scaled, goes to all its
+/// elements. Max: the thread also reads the windows' y and the `WD * S` x vectors under
+/// them, and each window's dy goes to its first element equal to its y in scan order
+/// (depth, then h, then w; NaN equal to NaN). Consecutive threads take consecutive vectors,
+/// so a warp's loads and stores of x and dx fill whole sectors. dx elements under no window
+/// (the last planes and rows where the window does not divide the input) take a zero
+/// gradient. ([`bwd_cell`] reads one window at a time and writes single elements.)
 ///
 /// # Safety
-/// As `pooling_bwd_cell_vec_avg_*`, with vectors of `K = 16 / size` channels (`items.c`
-/// counts them, `items` counts cells; dy and dx channel-contiguous as for
-/// `pooling_fwd_window_vec_*`), and the window as above (checked by the host).
+/// As `pooling_bwd_cell_max_*`, with `items` counting w in strips of `O` cells and d and h
+/// in cells, the window as above (`pad = [0, 0, 0]`; checked by the host), and dx (and x,
+/// for the max) 16-byte aligned with unit w stride, its other strides and w extent
+/// multiples of `V` (so a strip's vector, which starts inside its row, ends inside it).
 #[inline(always)]
-unsafe fn bwd_cell_vec_avg_disjoint<T: Element, const S: usize, const K: usize>(
+unsafe fn bwd_strip_disjoint<
+    T: Element,
+    const OP: u32,
+    const WD: usize,
+    const S: usize,
+    const V: usize,
+    const O: usize,
+>(
     p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
     dy: *const T,
     dx: *mut T,
 ) {
+    const { assert!(V * size_of::<T>() == 16 && O * S == V && (WD == 1 || WD == S)) };
     let w = &p.win;
-    // The cell's window (the one at the cell's own index), clamped into dy, and whether
-    // it is one.
-    let window = #[inline(always)]
-    |cell: [u32; 3]| {
-        let inside = cell[1] < w.output[1] && cell[2] < w.output[2];
-        let o = [
-            cell[0],
-            cell[1].min(w.output[1] - 1),
-            cell[2].min(w.output[2] - 1),
-        ];
-        (o, inside)
+    // The strip's windows, clamped into y (a clamped one gives no gradient), and the x and
+    // dx vector `(plane, row)` under them, clamped into x (only cells past the last window
+    // reach past its end, and they take no gradient).
+    let windows = #[inline(always)]
+    |s: [u32; 3]| {
+        let [cell_d, cell_h, strip] = s;
+        let (ow, ow_in) = clamped::<O>((strip * O as u32) as i32, w.output[2]);
+        let row_in = (cell_d < w.output[0]) & (cell_h < w.output[1]);
+        let o = [cell_d.min(w.output[0] - 1), cell_h.min(w.output[1] - 1)];
+        let valid: [bool; O] = core::array::from_fn(|k| row_in & ow_in[k]);
+        (o, ow, valid)
+    };
+    let under = #[inline(always)]
+    |s: [u32; 3], dd: usize, r: usize| {
+        let plane = s[0] * WD as u32 + dd as u32;
+        let row = s[1] * S as u32 + r as u32;
+        (plane, row, (plane < w.input[0]) & (row < w.input[1]))
     };
     let fetch = #[inline(always)]
-    |coord: PoolCoord| -> Vec16 {
+    |coord: PoolCoord| {
+        let PoolCoord { n, c, s } = coord;
+        let (o, ow, _) = windows(s);
+        let bits = |t: *const T, strides: &[u32; 5]| -> [u32; O] {
+            core::array::from_fn(|k| {
+                let at = row_offset(strides, n, c) + spatial_offset(strides, [o[0], o[1], ow[k]]);
+                T::load_bits(t.add(at as usize))
+            })
+        };
+        if OP == AVG {
+            return (bits(dy, &p.dy), ([0; O], [[[0; 4]; S]; WD]));
+        }
+        let xs: [[Vec16; S]; WD] = core::array::from_fn(|dd| {
+            core::array::from_fn(|r| {
+                let (plane, row, _) = under(s, dd, r);
+                let at = row_offset(&p.x, n, c)
+                    + spatial_offset(
+                        &p.x,
+                        [plane.min(w.input[0] - 1), row.min(w.input[1] - 1), 0],
+                    )
+                    + s[2] * V as u32;
+                T::load_raw::<V>(x.add(at as usize), true)
+            })
+        });
+        (bits(dy, &p.dy), (bits(y, &p.y), xs))
+    };
+    let finish =
+        #[inline(always)]
+        |coord: PoolCoord, (g_bits, (y_bits, xs)): ([u32; O], ([u32; O], [[Vec16; S]; WD]))| {
+            let PoolCoord { n, c, s } = coord;
+            let (_, _, valid) = windows(s);
+            let value = |b: u32| T::unpack::<1>([b, 0, 0, 0])[0];
+            let g: [f32; O] = core::array::from_fn(|k| value(g_bits[k]));
+            // Each window's winner as `(dd * S + r) * S + q` (the max), per window.
+            let mut winner = [u32::MAX; O];
+            if OP != AVG {
+                let xv: [[[f32; V]; S]; WD] =
+                    core::array::from_fn(|dd| core::array::from_fn(|r| T::unpack::<V>(xs[dd][r])));
+                crate::unrolled!(k in O => {
+                    let yk = value(y_bits[k]);
+                    winner[k] = first_equal(WD * S * S, |j| {
+                        let (dd, r, q) = (j / (S * S), j / S % S, j % S);
+                        same_value(xv[dd][r][k * S + q], yk)
+                    });
+                });
+            }
+            let dx_row = row_offset(&p.dx, n, c) + s[2] * V as u32;
+            crate::unrolled!(dd in WD => crate::unrolled!(r in S => {
+                let (plane, row, inside) = under(s, dd, r);
+                let values: [f32; V] = core::array::from_fn(|e| {
+                    let (k, q) = (e / S, e % S);
+                    let mine = (OP == AVG) || winner[k] == ((dd * S + r) * S + q) as u32;
+                    if valid[k] & mine {
+                        if OP == AVG {
+                            g[k] * w.inv_volume
+                        } else {
+                            g[k]
+                        }
+                    } else {
+                        0.0
+                    }
+                });
+                if inside {
+                    let at = dx_row + plane * p.dx[2] + row * p.dx[3];
+                    store_blended::<T, V>(w, dx.add(at as usize), values);
+                }
+            }));
+        };
+    let locate = #[inline(always)]
+    |i: u64| p.items.at(i as u32);
+    const TURN: usize = oxidnn_params::POOLING_STRIPS_PER_TURN as usize;
+    grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
+}
+
+/// Backward of non-overlapping, unpadded windows, `WD x S x S` at stride `WD x S x S` (`WD`
+/// 1, the planes passing through, or `S`), over channel vectors (NHWC): a thread per cell
+/// (the `WD x S x S` dx positions under one window) and 16-byte vector of `K` channels,
+/// two cells a turn with every load of the turn in flight before the first wait
+/// (`grid_stride_turns`). Average (`OP == AVG`): the window's dy vector, scaled, goes to
+/// the cell's positions. Max: the thread also reads the window's y vector and the cell's x
+/// vectors, and per channel the window's dy goes to its first element equal to its y in
+/// scan order (NaN equal to NaN; where no y of the vector is NaN, `==` on the elements as
+/// loaded, two 16-bit ones an instruction). Consecutive lanes take consecutive channel
+/// vectors, so every load and store of a warp is contiguous. Cells past the last window
+/// (where the window does not divide the input) take a zero gradient. (The gather visits
+/// each dx vector's windows through run-time bounds and divisions; the tiles go through
+/// shared memory.)
+///
+/// # Safety
+/// As `pooling_bwd_cell_vec_max_*`, with vectors of `K = 16 / size` channels (`items.c`
+/// counts them, `items` counts cells; every operand channel-contiguous as for
+/// `pooling_fwd_window_vec_*`), and the window as above (checked by the host).
+#[inline(always)]
+unsafe fn bwd_cell_vec_disjoint<
+    T: Element,
+    const OP: u32,
+    const WD: usize,
+    const S: usize,
+    const K: usize,
+>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const { assert!((WD == 1 || WD == S) && WD * S * S <= POOLING_MAX_CELL) };
+    let w = &p.win;
+    // The cell's window (the one at the cell's own index), clamped into y, and whether it
+    // is one.
+    let window = #[inline(always)]
+    |cell: [u32; 3]| {
+        let inside = (cell[0] < w.output[0]) & (cell[1] < w.output[1]) & (cell[2] < w.output[2]);
+        let o: [u32; 3] = core::array::from_fn(|k| cell[k].min(w.output[k] - 1));
+        (o, inside)
+    };
+    // The cell's position `j = (dd * S + r) * S + q` in x and dx, and whether it is inside.
+    let position = #[inline(always)]
+    |cell: [u32; 3], j: usize| {
+        let (dd, r, q) = (j / (S * S), j / S % S, j % S);
+        let at = [
+            cell[0] * WD as u32 + dd as u32,
+            cell[1] * S as u32 + r as u32,
+            cell[2] * S as u32 + q as u32,
+        ];
+        let inside = (at[0] < w.input[0]) & (at[1] < w.input[1]) & (at[2] < w.input[2]);
+        (at, inside)
+    };
+    let fetch = #[inline(always)]
+    |coord: PoolCoord| {
         let PoolCoord { n, c, s: cell } = coord;
-        let at = row_offset(&p.dy, n, c * K as u32) + spatial_offset(&p.dy, window(cell).0);
-        T::load_raw::<K>(dy.add(at as usize), true)
+        let o = window(cell).0;
+        let at = |strides: &[u32; 5], s: [u32; 3]| {
+            row_offset(strides, n, c * K as u32) + spatial_offset(strides, s)
+        };
+        let g = T::load_raw::<K>(dy.add(at(&p.dy, o) as usize), true);
+        if OP == AVG {
+            return (g, ([0; 4], [[[[0; 4]; S]; S]; WD]));
+        }
+        // The cell's x, clamped into x (only cells past the last window reach past its
+        // end, and they take no gradient).
+        let xs = core::array::from_fn(|dd| {
+            core::array::from_fn(|r| {
+                core::array::from_fn(|q| {
+                    let (s, _) = position(cell, (dd * S + r) * S + q);
+                    let s = core::array::from_fn(|k| s[k].min(w.input[k] - 1));
+                    T::load_raw::<K>(x.add(at(&p.x, s) as usize), true)
+                })
+            })
+        });
+        (g, (T::load_raw::<K>(y.add(at(&p.y, o) as usize), true), xs))
     };
     let finish = #[inline(always)]
-    |coord: PoolCoord, raw: Vec16| {
+    |coord: PoolCoord, (g, (y_raw, xs)): (Vec16, (Vec16, [[[Vec16; S]; S]; WD]))| {
         let PoolCoord { n, c, s: cell } = coord;
         let inside = window(cell).1;
-        let g = T::unpack::<K>(raw);
-        let values: [f32; K] =
-            core::array::from_fn(|k| if inside { g[k] * w.inv_volume } else { 0.0 });
+        let g = T::unpack::<K>(g);
+        // Each channel's winner as the cell position `j` (the max). Without a NaN y, equal
+        // is `==` on the elements as loaded.
+        let mut winner = [u32::MAX; K];
+        if OP != AVG {
+            let x_at = |j: usize| xs[j / (S * S)][j / S % S][j % S];
+            let y = T::unpack::<K>(y_raw);
+            let mut nan = false;
+            crate::unrolled!(k in K => nan |= y[k] != y[k]);
+            winner = if nan {
+                first_equal_channels::<T, K, true>(WD * S * S, x_at, y_raw)
+            } else {
+                first_equal_channels::<T, K, false>(WD * S * S, x_at, y_raw)
+            };
+        }
         let dx_row = row_offset(&p.dx, n, c * K as u32);
-        crate::unrolled!(r in S => crate::unrolled!(q in S => {
-            let (ih, iw) = (cell[1] * S as u32 + r as u32, cell[2] * S as u32 + q as u32);
-            if ih < w.input[1] && iw < w.input[2] {
-                let at = dx_row + spatial_offset(&p.dx, [cell[0], ih, iw]);
-                store_blended::<T, K>(w, dx.add(at as usize), values);
+        crate::unrolled!(j in WD * S * S => {
+            let (at, position_inside) = position(cell, j);
+            let values: [f32; K] = core::array::from_fn(|k| {
+                let mine = (OP == AVG) || winner[k] == j as u32;
+                if inside & mine {
+                    if OP == AVG {
+                        g[k] * w.inv_volume
+                    } else {
+                        g[k]
+                    }
+                } else {
+                    0.0
+                }
+            });
+            if position_inside {
+                store_blended::<T, K>(w, dx.add((dx_row + spatial_offset(&p.dx, at)) as usize), values);
             }
-        }));
+        });
     };
     let locate = #[inline(always)]
     |i: u64| p.items.at(i as u32);
@@ -2633,41 +2821,51 @@ macro_rules! window_vec_entry_points {
 
 crate::for_each_dtype!(window_vec_entry_points);
 
-/// The compile-time window sizes of the average backward kernels of disjoint windows:
-/// `pooling_bwd_strip_avg_<W>x<W>s<W>_*` ([`bwd_strip_avg`], NCHW rows of vectors) and
-/// `pooling_bwd_cell_vec_avg_<W>x<W>s<W>_*` ([`bwd_cell_vec_avg_disjoint`], channel
-/// vectors): 2x2 (a 3x3 cell has more than `POOLING_MAX_CELL` elements: over single
-/// channels its windows take the gather).
-macro_rules! disjoint_avg_entry_points {
+/// The backward kernels of non-overlapping, unpadded windows, for the average and the max
+/// and the window shapes they are compiled for (depth x h x w, at a stride of the same
+/// shape): the 2x2 of VGG, ResNet's shortcut and U-Nets (a depth window of 1), the 2x2x2 of
+/// 3-D networks. `pooling_bwd_disjoint_strip_<op>_<shape>_*` ([`bwd_strip_disjoint`]) over
+/// rows of 16-byte vectors (NCHW), `pooling_bwd_disjoint_vec_<op>_<shape>_*`
+/// ([`bwd_cell_vec_disjoint`]) over channel vectors (NHWC).
+macro_rules! disjoint_entry_points {
     ($dt:ident, $T:ty) => {
-        disjoint_avg_entry_points!(@each $dt, $T, 2);
+        disjoint_entry_points!(@op $dt, $T, avg, AVG);
+        disjoint_entry_points!(@op $dt, $T, max, MAX_IGNORE_NAN);
     };
-    (@each $dt:ident, $T:ty, $($s:literal)*) => {
+    (@op $dt:ident, $T:ty, $op:ident, $OP:ident) => {
+        disjoint_entry_points!(@each $dt, $T, $op, $OP, [2 x 2 s 2] (1, 2) [2 x 2 x 2 s 2] (2, 2));
+    };
+    (@each $dt:ident, $T:ty, $op:ident, $OP:ident,
+        $([$($name:tt)*] ($wd:literal, $s:literal))*) => {
         paste::paste! { $(
             /// # Safety
-            /// As `pooling_bwd_cell_avg_*`, for unpadded 2-D windows of the size in the
-            /// name at a stride of that size (`window = stride = [1, S, S]`, `pad = [0, 0,
-            /// 0]`); `items` counting w in strips of `16 / size / S` cells; dx 16-byte aligned
-            /// with unit w stride, its other strides and w extent multiples of `16 / size`.
+            /// As `pooling_bwd_cell_max_*` (the average reads neither x nor y), for
+            /// unpadded windows of the shape in the name at a stride of that shape;
+            /// `items` counting w in strips of `16 / size / S` cells, d and h in cells;
+            /// dx (and x, for the max) 16-byte aligned with unit w stride, its other
+            /// strides and w extent multiples of `16 / size`.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_strip_avg_ $s x $s s $s _ $dt>](
-                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_disjoint_strip_ $op _ $($name)* _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
                 const V: usize = 16 / size_of::<$T>();
-                bwd_strip_avg::<$T, $s, V, { V / $s }>(&p, dy, dx)
+                bwd_strip_disjoint::<$T, $OP, $wd, $s, V, { V / $s }>(&p, x, y, dy, dx)
             }
             /// # Safety
-            /// As `pooling_bwd_cell_vec_avg_*`, for the windows above, with `items` counting
-            /// cells and vectors of `16 / size` channels, every operand channel-contiguous
-            /// in such vectors, aligned to 16 bytes.
+            /// As `pooling_bwd_cell_vec_max_*` (the average reads neither x nor y), for the
+            /// windows above, with `items` counting cells and vectors of `16 / size`
+            /// channels, every operand channel-contiguous in such vectors, aligned to 16
+            /// bytes.
             #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_cell_vec_avg_ $s x $s s $s _ $dt>](
-                p: PoolingBwdParams, _x: *const $T, _y: *const $T, dy: *const $T, dx: *mut $T,
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_disjoint_vec_ $op _ $($name)* _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                bwd_cell_vec_avg_disjoint::<$T, $s, { 16 / size_of::<$T>() }>(&p, dy, dx)
+                bwd_cell_vec_disjoint::<$T, $OP, $wd, $s, { 16 / size_of::<$T>() }>(
+                    &p, x, y, dy, dx,
+                )
             }
         )* }
     };
 }
 
-crate::for_each_dtype!(disjoint_avg_entry_points);
+crate::for_each_dtype!(disjoint_entry_points);

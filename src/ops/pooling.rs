@@ -1132,49 +1132,58 @@ fn cell_region_vec_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str>
     }
 }
 
-/// The average backward strip kernel compiled for this window, if there is one, and the
-/// dx columns each of its threads takes: unpadded non-overlapping 2-D windows of 2x2
-/// (the depth window 1 at stride 1; larger ones have cells of more than `POOLING_MAX_CELL`
-/// elements and take the gather) over dx rows contiguous along w in whole 16-byte vectors
-/// (unit w stride, the w extent and every other stride multiples of the vector, aligned).
-/// A thread reads the dy over a vector of dx columns together and writes the vectors under
-/// them (`bwd_strip_avg`), where the cell kernel reads one dy and writes single elements.
-fn avg_strip_kernel(
+/// The shape `(depth, side)` of non-overlapping, unpadded windows that the disjoint-window
+/// backward kernels are compiled for, if `g` has one: `window = stride = [depth, side,
+/// side]`, no padding, 2x2 (a depth window of 1) or 2x2x2. Each dx element is then under
+/// at most one window (the one at its cell's index), and every window lies whole inside x.
+fn disjoint_window(g: &Geometry) -> Option<(usize, usize)> {
+    let shape = [g.window[0], g.window[2], g.window[2]];
+    let compiled = matches!((shape[0], shape[1]), (1, 2) | (2, 2));
+    (compiled && g.window == shape && g.stride == shape && g.pad == [0; 3])
+        .then_some((shape[0], shape[1]))
+}
+
+/// The backward kernel of the disjoint windows of `g` ([`disjoint_window`]) for the max or
+/// the average, over channel vectors (`vec`: a thread per cell and 16-byte vector,
+/// `bwd_cell_vec_disjoint`) or over rows of 16-byte vectors (a thread per vector of dx
+/// columns, `bwd_strip_disjoint`). Both read each window's dy (and, for the max, its y and
+/// the x under it) once and write every dx element under it, where the general cells read
+/// one window at a time and write single elements: 2x2x2/s2 max f16 NCHW 141.6 µs, NHWC
+/// 70.9 µs before (8x64x16x56x56).
+fn disjoint_kernel(g: &Geometry, dtype: DataType, max: bool, vec: bool) -> Option<&'static str> {
+    use kernels::*;
+    match (disjoint_window(g)?, max, vec) {
+        ((1, 2), false, false) => pooling_bwd_disjoint_strip_avg_2x2s2(dtype),
+        ((1, 2), true, false) => pooling_bwd_disjoint_strip_max_2x2s2(dtype),
+        ((2, 2), false, false) => pooling_bwd_disjoint_strip_avg_2x2x2s2(dtype),
+        ((2, 2), true, false) => pooling_bwd_disjoint_strip_max_2x2x2s2(dtype),
+        ((1, 2), false, true) => pooling_bwd_disjoint_vec_avg_2x2s2(dtype),
+        ((1, 2), true, true) => pooling_bwd_disjoint_vec_max_2x2s2(dtype),
+        ((2, 2), false, true) => pooling_bwd_disjoint_vec_avg_2x2x2s2(dtype),
+        ((2, 2), true, true) => pooling_bwd_disjoint_vec_max_2x2x2s2(dtype),
+        _ => None,
+    }
+}
+
+/// The disjoint-window strip kernel ([`disjoint_kernel`] over rows) and the dx columns
+/// each of its threads takes, if dx (and x, for the max) keeps its rows contiguous along w
+/// in whole 16-byte vectors (unit w stride, the w extent and every other stride multiples
+/// of the vector, aligned): a thread's vector of dx columns is then the x vector under
+/// its windows.
+fn disjoint_strip_kernel(
     g: &Geometry,
     dtype: DataType,
+    max: bool,
+    xs: &[u32; 5],
     dxs: &[u32; 5],
     aligned: bool,
 ) -> Option<(&'static str, usize)> {
     let v = 16 / dtype.size_bytes();
-    let rows_of_vectors = aligned && rows_of_vectors(dxs, g.input[2], v);
-    let s = disjoint_window(g)?;
-    if !rows_of_vectors {
+    let rows = |s: &[u32; 5]| rows_of_vectors(s, g.input[2], v);
+    if !(aligned && rows(dxs) && (!max || rows(xs))) {
         return None;
     }
-    let kernel = match s {
-        2 => kernels::pooling_bwd_strip_avg_2x2s2(dtype),
-        _ => None,
-    }?;
-    Some((kernel, v))
-}
-
-/// The side `s` of non-overlapping, unpadded 2-D windows (`window = stride = [1, s, s]`,
-/// no padding: a dx element under at most one window, every window whole), if they are.
-fn disjoint_window(g: &Geometry) -> Option<usize> {
-    let s = g.window[2];
-    (g.window == [1, s, s] && g.stride == [1, s, s] && g.pad == [0; 3]).then_some(s)
-}
-
-/// The average backward cell kernel over 16-byte channel vectors compiled for this window,
-/// if there is one: disjoint 2x2 windows ([`disjoint_window`]). A thread per cell and
-/// vector reads the window's one dy vector and writes the cell's dx vectors
-/// (`bwd_cell_vec_avg_disjoint`), where the gather finds each dx vector's windows through
-/// run-time bounds (37.8 against 25.9 µs on 2x2/s2 f16 NHWC, 32x256x56x56).
-fn cell_vec_avg_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
-    match disjoint_window(g)? {
-        2 => kernels::pooling_bwd_cell_vec_avg_2x2s2(dtype),
-        _ => None,
-    }
+    Some((disjoint_kernel(g, dtype, max, false)?, v))
 }
 
 /// Cells per dim: cells tile the input from the first window's start, so the last input
@@ -1188,7 +1197,8 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
 /// elements) and not global: over channel vectors, a thread per cell where a cell kernel
 /// is compiled for the window shape (winners found in registers: 89 against 150 µs for the
-/// tiles on 3x3/s2 f16 NHWC, 88 against 149 on 2x2/s2), else shared-memory tiles (each
+/// tiles on 3x3/s2 f16 NHWC, 88 against 149 on 2x2/s2; disjoint 2x2 and 2x2x2 windows take
+/// [`disjoint_kernel`]), else shared-memory tiles (each
 /// window scanned once for all the cells it overlaps: 1.4x faster than the generic cells
 /// on 3x3/s2 f16 NHWC); over
 /// single channels, bands of rows for the stride-1 windows with band kernels of their own
@@ -1198,7 +1208,7 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// square 2-D windows with cell kernels of their own: 142 against 531 µs on 3x3/s2 f32
 /// NCHW, where the general band kernel takes 314), tiles otherwise. Global
 /// pooling and larger windows: the gather. Average: over channel vectors, cells for
-/// disjoint 2x2 windows (their kernel of their own, [`cell_vec_avg_kernel`]), the gather
+/// disjoint 2x2 and 2x2x2 windows (their kernels of their own, [`disjoint_kernel`]), the gather
 /// otherwise (the general vector cells: 49.9 against 37.8 µs on 2x2/s2 f16 NHWC); the
 /// gather where a cell is one element (global pooling, whose gather is a kernel of its own
 /// that copies each plane's scaled dy); cells otherwise (2x faster than the gather on
@@ -1208,7 +1218,7 @@ fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> Poo
     if pooling.mode.is_max() {
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
-        } else if vectors && cell_region_vec_shape(g).is_some() {
+        } else if vectors && (disjoint_window(g).is_some() || cell_region_vec_shape(g).is_some()) {
             PoolingBwdAlgo::Cell
         } else if !vectors && band_s1_shape(g).is_some() && band_plan(g).is_some() {
             PoolingBwdAlgo::Tile
@@ -1217,7 +1227,7 @@ fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> Poo
         } else {
             PoolingBwdAlgo::Tile
         }
-    } else if (vectors && disjoint_window(g) == Some(2))
+    } else if (vectors && disjoint_window(g).is_some())
         || (!vectors && (2..=POOLING_MAX_CELL).contains(&cell))
     {
         PoolingBwdAlgo::Cell
@@ -1373,15 +1383,15 @@ fn backward_plan(
         }
         _ => {}
     }
-    // The average over disjoint windows' cells of 16-byte channel vectors, if compiled.
-    let cell_vec_avg = if algo == PoolingBwdAlgo::Cell && !max && vectors16 {
-        cell_vec_avg_kernel(g, dtype)
+    // The cells of disjoint windows over 16-byte channel vectors, if compiled.
+    let disjoint_vec = if algo == PoolingBwdAlgo::Cell && vectors16 {
+        disjoint_kernel(g, dtype, max, true)
     } else {
         None
     };
     // Channels per thread: a 16-byte vector, or POOLING_CELL_VECTOR for the general cells
     // (whose accumulators are a cell's elements times these).
-    let k = if algo == PoolingBwdAlgo::Cell && cell_vec_avg.is_none() {
+    let k = if algo == PoolingBwdAlgo::Cell && disjoint_vec.is_none() {
         POOLING_CELL_VECTOR
     } else {
         16 / dtype.size_bytes()
@@ -1397,9 +1407,14 @@ fn backward_plan(
         && spatial_run(&strides[3], g.input) == Some(1)
         && planes_back_to_back(&strides[3], g);
     // Kernels compiled for a window shape, with the dx columns each thread takes.
+    let disjoint_strip = if (algo, vec) == (Cell, false) {
+        disjoint_strip_kernel(g, dtype, max, &strides[0], &strides[3], aligned)
+    } else {
+        None
+    };
     let shaped = match (algo, vec, max) {
+        (Cell, false, _) if disjoint_strip.is_some() => disjoint_strip,
         (Cell, false, true) => cell_region_kernel(g, dtype),
-        (Cell, false, false) => avg_strip_kernel(g, dtype, &strides[3], aligned),
         _ => None,
     };
     // Over single channels, the tile backward takes bands of whole rows where they fit.
@@ -1412,10 +1427,10 @@ fn backward_plan(
         (Tile, true, _) => kernels::pooling_bwd_tile_vec_max(dtype),
         (Tile, false, _) if band.is_some() => band_kernel(g, dtype),
         (Tile, false, _) => kernels::pooling_bwd_tile_max(dtype),
-        (Cell, true, true) => {
-            cell_region_vec_kernel(g, dtype).or_else(|| kernels::pooling_bwd_cell_vec_max(dtype))
-        }
-        (Cell, true, false) => cell_vec_avg.or_else(|| kernels::pooling_bwd_cell_vec_avg(dtype)),
+        (Cell, true, true) => disjoint_vec
+            .or_else(|| cell_region_vec_kernel(g, dtype))
+            .or_else(|| kernels::pooling_bwd_cell_vec_max(dtype)),
+        (Cell, true, false) => disjoint_vec.or_else(|| kernels::pooling_bwd_cell_vec_avg(dtype)),
         (Cell, false, _) if shaped.is_some() => shaped.map(|(k, _)| k),
         (Cell, false, true) => kernels::pooling_bwd_cell_max(dtype),
         (Cell, false, false) => kernels::pooling_bwd_cell_avg(dtype),
@@ -1473,9 +1488,9 @@ fn backward_plan(
         _ => g.input,
     };
     let items = items([g.n, c, d, h, w], vec || channels_last(&strides[3]))?;
-    let cfg = if cell_vec_avg.is_some() {
-        // A thread per `POOLING_STRIPS_PER_TURN` cells, all their dy loaded at once (as
-        // the forward strips).
+    let cfg = if disjoint_vec.is_some() || disjoint_strip.is_some() {
+        // A thread per `POOLING_STRIPS_PER_TURN` cells or strips, all their loads in
+        // flight at once (as the forward strips).
         let threads = (items.len as u64).div_ceil(POOLING_STRIPS_PER_TURN);
         LaunchConfig::for_threads(threads, BLOCK_THREADS)?
     } else {
@@ -1540,7 +1555,8 @@ fn launch_backward(
     // (check_output) and each is written by one thread. The vector kernels run only on
     // channel-contiguous, 16-byte aligned operands; the shaped cell kernels only on their
     // window shapes, with dx vector stores only where dx allows them (checked in the
-    // kernel, or by avg_strip_kernel for the average strips); the band kernel only on
+    // kernel, or by disjoint_strip_kernel for the disjoint-window strips, which load x
+    // rows as vectors only where x allows them too); the band kernel only on
     // 2-D windows, with the shared memory band_plan sized for its rows; the flat global
     // average only on aligned dx whose planes lie back to back, its items counting dx's
     // elements and plane_len their planes' volume.
