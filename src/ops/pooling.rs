@@ -31,7 +31,10 @@
 //! (the stride-sized block of elements at a window start, each overlapping window visited
 //! once; over NCHW rows, the common shapes have cell kernels of their own that load their
 //! windows at once or write dx as vectors) or, for max over channel vectors, per tile of
-//! cells whose windows' winners are found once into shared memory.
+//! cells whose windows' winners are found once into shared memory. Disjoint windows
+//! (window = stride, unpadded: 2x2 and 2x2x2), where each dx element is under one window
+//! at most, take kernels of their own in both layouts that read each window's dy (and y
+//! and x, for the max) once and write every dx element under it as vectors.
 //!
 //! ```
 //! use oxidnn::*;
