@@ -1795,40 +1795,57 @@ fn assert_bad(e: Error, arg: &str) {
     }
 }
 
-/// The average backward over channel vectors of disjoint 2x2 windows (a kernel of its own
-/// on the GPU) checks its operands first like every path: wrong dims, another dtype and
-/// short buffers are typed errors naming the argument, and dx is left as it was.
+/// The backward of disjoint 2x2 windows (kernels of their own on the GPU, for the max and
+/// the average, over channel vectors and over rows of vectors) checks its operands first
+/// like every path: wrong dims, another dtype and short buffers are typed errors naming
+/// the argument, and dx is left as it was.
 #[test]
-fn bad_inputs_on_the_disjoint_average_vector_path_are_typed_errors() {
+fn bad_inputs_on_the_disjoint_window_paths_are_typed_errors() {
     for h in handles() {
         let f16_ = DataType::F16;
-        let xd = TensorDescriptor::nhwc(f16_, 2, 16, 8, 8).unwrap();
-        let yd = TensorDescriptor::nhwc(f16_, 2, 16, 4, 4).unwrap();
-        let pool = pool2d(PoolingMode::AverageCountIncludePadding, 2, 0, 2);
-        let (x, y, dy) = (
-            h.alloc(&xd).unwrap(),
-            h.alloc(&yd).unwrap(),
-            h.alloc(&yd).unwrap(),
-        );
-        let mut dx = h.alloc(&xd).unwrap();
-        h.fill_bytes(&mut dx, 0x5A).unwrap();
-        let bwd = |dyd: &TensorDescriptor, dy: &Buffer, dxd: &TensorDescriptor, dx: &mut Buffer| {
-            pooling_backward(h, &pool, 1.0, &yd, &y, dyd, dy, &xd, &x, 0.0, dxd, dx).unwrap_err()
-        };
-        let wrong_dy = TensorDescriptor::nhwc(f16_, 2, 16, 4, 3).unwrap();
-        assert_bad(bwd(&wrong_dy, &dy, &xd, &mut dx), "dy_desc");
-        let f32_dy = TensorDescriptor::nhwc(DataType::F32, 2, 16, 4, 4).unwrap();
-        assert_bad(bwd(&f32_dy, &dy, &xd, &mut dx), "dy_desc");
-        let wrong_dx = TensorDescriptor::nhwc(f16_, 2, 8, 8, 8).unwrap();
-        assert_bad(bwd(&yd, &dy, &wrong_dx, &mut dx), "dx_desc");
-        let short_dy = h.alloc_bytes(yd.size_bytes() - 2).unwrap();
-        assert_bad(bwd(&yd, &short_dy, &xd, &mut dx), "dy");
-        let mut short_dx = h.alloc_bytes(xd.size_bytes() - 16).unwrap();
-        assert_bad(bwd(&yd, &dy, &xd, &mut short_dx), "dx");
-        assert!(
-            h.read_bytes(&dx).unwrap().iter().all(|&b| b == 0x5A),
-            "dx was written"
-        );
+        for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
+            let desc = |dt: DataType, c: usize, hw: [usize; 2]| {
+                TensorDescriptor::spatial(dt, 2, c, &hw, layout).unwrap()
+            };
+            let (xd, yd) = (desc(f16_, 16, [8, 16]), desc(f16_, 16, [4, 8]));
+            for mode in [PoolingMode::Max, PoolingMode::AverageCountIncludePadding] {
+                let pool = pool2d(mode, 2, 0, 2);
+                let (x, y, dy) = (
+                    h.alloc(&xd).unwrap(),
+                    h.alloc(&yd).unwrap(),
+                    h.alloc(&yd).unwrap(),
+                );
+                let mut dx = h.alloc(&xd).unwrap();
+                h.fill_bytes(&mut dx, 0x5A).unwrap();
+                let bwd = |[x_desc, dy_desc, dx_desc]: [&TensorDescriptor; 3],
+                           [x, dy]: [&Buffer; 2],
+                           dx: &mut Buffer| {
+                    pooling_backward(
+                        h, &pool, 1.0, &yd, &y, dy_desc, dy, x_desc, x, 0.0, dx_desc, dx,
+                    )
+                    .unwrap_err()
+                };
+                let wrong_dy = desc(f16_, 16, [4, 7]);
+                assert_bad(bwd([&xd, &wrong_dy, &xd], [&x, &dy], &mut dx), "dy_desc");
+                let f32_dy = desc(DataType::F32, 16, [4, 8]);
+                assert_bad(bwd([&xd, &f32_dy, &xd], [&x, &dy], &mut dx), "dy_desc");
+                let wrong_dx = desc(f16_, 8, [8, 16]);
+                assert_bad(bwd([&xd, &yd, &wrong_dx], [&x, &dy], &mut dx), "dx_desc");
+                // x of other dims: y's dims are no longer x's pooled ones.
+                let wrong_x = desc(f16_, 16, [8, 8]);
+                assert_bad(bwd([&wrong_x, &yd, &xd], [&x, &dy], &mut dx), "y_desc");
+                let short_dy = h.alloc_bytes(yd.size_bytes() - 2).unwrap();
+                assert_bad(bwd([&xd, &yd, &xd], [&x, &short_dy], &mut dx), "dy");
+                let short_x = h.alloc_bytes(xd.size_bytes() - 16).unwrap();
+                assert_bad(bwd([&xd, &yd, &xd], [&short_x, &dy], &mut dx), "x");
+                let mut short_dx = h.alloc_bytes(xd.size_bytes() - 16).unwrap();
+                assert_bad(bwd([&xd, &yd, &xd], [&x, &dy], &mut short_dx), "dx");
+                assert!(
+                    h.read_bytes(&dx).unwrap().iter().all(|&b| b == 0x5A),
+                    "dx was written ({mode:?}, {layout:?})"
+                );
+            }
+        }
     }
 }
 
