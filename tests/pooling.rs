@@ -1197,26 +1197,39 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
 /// vectors (NCHW) a thread per vector of dx columns. Odd depths, heights and widths leave
 /// cells past the last window (a zero gradient) and cells cut short at the edges; 24
 /// channels are 3 vectors of f16 and 6 of f32; 3-D tensors take a depth window of 1 and
-/// 2x2x2 windows; x with gaps between its rows (a pitch of whole vectors); every dtype,
+/// 2x2x2 windows; x with gaps between its rows (a pitch of whole vectors), y and dy with
+/// gaps that leave their rows unaligned (each window loaded alone); every dtype,
 /// ties (the first maximum in scan order takes the gradient), NaN and blends, against the
 /// reference.
 #[test]
 fn gpu_disjoint_window_backward_matches_the_reference() {
     with_gpu("gpu_disjoint_window_backward_matches_the_reference", |h| {
         let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
-        // (window, dims, layout, gaps between x's rows)
-        let cases: [(&[usize], &[usize], Layout, bool); 9] = [
-            (&[2, 2], &[2, 24, 7, 9], last, false),
-            (&[2, 2], &[3, 16, 8, 6], last, false),
-            (&[1, 2, 2], &[1, 32, 3, 5, 7], last, false),
-            (&[2, 2, 2], &[2, 16, 5, 6, 7], last, false),
-            (&[2, 2, 2], &[1, 24, 4, 5, 4], last, false),
-            (&[2, 2], &[2, 3, 7, 16], first, false),
-            (&[2, 2], &[1, 2, 6, 8], first, true),
-            (&[1, 2, 2], &[2, 3, 3, 5, 8], first, false),
-            (&[2, 2, 2], &[2, 3, 5, 7, 16], first, false),
+        // (window, dims, layout, gaps between x's rows, gaps between y's rows)
+        let cases: [(&[usize], &[usize], Layout, bool, bool); 11] = [
+            (&[2, 2], &[2, 24, 7, 9], last, false, false),
+            (&[2, 2], &[3, 16, 8, 6], last, false, false),
+            (&[1, 2, 2], &[1, 32, 3, 5, 7], last, false, false),
+            (&[2, 2, 2], &[2, 16, 5, 6, 7], last, false, false),
+            (&[2, 2, 2], &[1, 24, 4, 5, 4], last, false, false),
+            (&[2, 2], &[2, 3, 7, 16], first, false, false),
+            (&[2, 2], &[1, 2, 6, 8], first, true, false),
+            (&[2, 2], &[2, 3, 6, 16], first, false, true),
+            (&[1, 2, 2], &[2, 3, 3, 5, 8], first, false, false),
+            (&[2, 2, 2], &[2, 3, 5, 7, 16], first, false, false),
+            (&[2, 2, 2], &[1, 2, 4, 4, 8], first, false, true),
         ];
-        for (window, dims, layout, gaps) in cases {
+        // Dense strides of `dims` with rows `pad` elements apart more than their width.
+        let padded_rows = |dims: &[usize], pad: usize| {
+            let rank = dims.len();
+            let mut strides = vec![1; rank];
+            strides[rank - 2] = dims[rank - 1] + pad;
+            for d in (0..rank - 2).rev() {
+                strides[d] = strides[d + 1] * dims[d + 1];
+            }
+            strides
+        };
+        for (window, dims, layout, gaps, y_gaps) in cases {
             let padding = vec![0; window.len()];
             let shape = if window.len() == 3 && window[0] == 2 {
                 "2x2x2s2"
@@ -1233,14 +1246,14 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
                         let mut p = dense_problem(pool, dt, dims, layout, data, ab);
                         if gaps {
                             // Rows a vector apart more than their width.
-                            let mut strides = vec![0; dims.len()];
-                            let rank = dims.len();
-                            strides[rank - 1] = 1;
-                            strides[rank - 2] = dims[rank - 1] + 16 / dt.size_bytes();
-                            for d in (0..rank - 2).rev() {
-                                strides[d] = strides[d + 1] * dims[d + 1];
-                            }
+                            let strides = padded_rows(dims, 16 / dt.size_bytes());
                             p.x = TensorDescriptor::new(dt, dims, &strides).unwrap();
+                        }
+                        if y_gaps {
+                            // y and dy rows one element apart more than their width: the
+                            // strips read their windows one at a time.
+                            let strides = padded_rows(p.y.dims(), 1);
+                            p.y = TensorDescriptor::new(dt, p.y.dims(), &strides).unwrap();
                         }
                         let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
                             .unwrap();
