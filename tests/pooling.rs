@@ -1191,6 +1191,10 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
     );
 }
 
+/// A case of the disjoint-window backward test: window, dims, layout, whether x's rows
+/// and whether y's rows have gaps between them.
+type DisjointCase = (&'static [usize], &'static [usize], Layout, bool, bool);
+
 /// The backward of disjoint windows (window = stride, unpadded: each dx element under one
 /// window at most) takes kernels of its own by default, for the max and both averages:
 /// over channel vectors (NHWC) a thread per cell and 16-byte vector, over rows of 16-byte
@@ -1205,8 +1209,7 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
 fn gpu_disjoint_window_backward_matches_the_reference() {
     with_gpu("gpu_disjoint_window_backward_matches_the_reference", |h| {
         let (first, last) = (Layout::ChannelsFirst, Layout::ChannelsLast);
-        // (window, dims, layout, gaps between x's rows, gaps between y's rows)
-        let cases: [(&[usize], &[usize], Layout, bool, bool); 11] = [
+        let cases: [DisjointCase; 11] = [
             (&[2, 2], &[2, 24, 7, 9], last, false, false),
             (&[2, 2], &[3, 16, 8, 6], last, false, false),
             (&[1, 2, 2], &[1, 32, 3, 5, 7], last, false, false),
