@@ -1696,6 +1696,22 @@ fn first_equal(n: usize, same: impl Fn(usize) -> bool) -> u32 {
     first
 }
 
+/// What a disjoint window gives one of its elements: the average's share of its dy `g`,
+/// or, for the max, `g` if the element won the window; nothing where the window is not
+/// one (`valid` false: a cell past the last window).
+#[inline(always)]
+fn disjoint_grad<const OP: u32>(w: &PoolWindow, g: f32, valid: bool, won: bool) -> f32 {
+    if !valid {
+        0.0
+    } else if OP == AVG {
+        g * w.inv_volume
+    } else if won {
+        g
+    } else {
+        0.0
+    }
+}
+
 /// Per channel, the first of a window's `n` vectors of `K` channels (a compile-time
 /// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) equal to the
 /// window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether a NaN must count as
@@ -1832,16 +1848,8 @@ unsafe fn bwd_strip_disjoint<
                 let (plane, row, inside) = under(s, dd, r);
                 let values: [f32; V] = core::array::from_fn(|e| {
                     let (k, q) = (e / S, e % S);
-                    let mine = (OP == AVG) || winner[k] == ((dd * S + r) * S + q) as u32;
-                    if valid[k] & mine {
-                        if OP == AVG {
-                            g[k] * w.inv_volume
-                        } else {
-                            g[k]
-                        }
-                    } else {
-                        0.0
-                    }
+                    let won = winner[k] == ((dd * S + r) * S + q) as u32;
+                    disjoint_grad::<OP>(w, g[k], valid[k], won)
                 });
                 if inside {
                     let at = dx_row + plane * p.dx[2] + row * p.dx[3];
@@ -1955,18 +1963,8 @@ unsafe fn bwd_cell_vec_disjoint<
         let dx_row = row_offset(&p.dx, n, c * K as u32);
         crate::unrolled!(j in WD * S * S => {
             let (at, position_inside) = position(cell, j);
-            let values: [f32; K] = core::array::from_fn(|k| {
-                let mine = (OP == AVG) || winner[k] == j as u32;
-                if inside & mine {
-                    if OP == AVG {
-                        g[k] * w.inv_volume
-                    } else {
-                        g[k]
-                    }
-                } else {
-                    0.0
-                }
-            });
+            let values: [f32; K] =
+                core::array::from_fn(|k| disjoint_grad::<OP>(w, g[k], inside, winner[k] == j as u32));
             if position_inside {
                 store_blended::<T, K>(w, dx.add((dx_row + spatial_offset(&p.dx, at)) as usize), values);
             }
