@@ -948,6 +948,19 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => String::new(),
             };
+            // Over single channels whose rows are whole vectors of 4 (at most 128), 3x3
+            // windows at stride 2 (padded by 0 or 1 along w) walk down bands of rows.
+            let walk_shape = match (window, stride, padding) {
+                (&[3, 3], &[2, 2], &[_, pw])
+                    if pw <= 1
+                        && layout == first
+                        && dims[3].is_multiple_of(4)
+                        && dims[3] <= 128 =>
+                {
+                    Some(format!("3x3s2p{pw}"))
+                }
+                _ => None,
+            };
             // Unpadded 2x2/s2 windows over rows of whole 16-byte vectors (channels first)
             // take the disjoint-window strip kernel, for the max and the average.
             let disjoint_strip = |dt: DataType| {
@@ -1029,6 +1042,9 @@ fn gpu_every_kernel_matches_the_reference() {
                                 (algo, m, &shaped_cell)
                             {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
+                            } else if let (PoolingBwdAlgo::Tile, Some(shape)) = (algo, &walk_shape)
+                            {
+                                format!("pooling_bwd_walk_max_{shape}_{dt}")
                             } else if algo == PoolingBwdAlgo::Tile && band {
                                 format!("pooling_bwd_band_max{band_shape}_{dt}")
                             } else {
@@ -1193,6 +1209,18 @@ fn gpu_window_vec_shapes_match_the_reference_at_the_edges() {
 
 /// A case of the disjoint-window backward test: window, dims, layout, whether x's rows
 /// and whether y's rows have gaps between them.
+/// Dense strides of `dims` (channels first) with rows `gap` elements apart more than their
+/// width.
+fn padded_rows(dims: &[usize], gap: usize) -> Vec<usize> {
+    let rank = dims.len();
+    let mut strides = vec![1; rank];
+    strides[rank - 2] = dims[rank - 1] + gap;
+    for d in (0..rank - 2).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    strides
+}
+
 type DisjointCase = (&'static [usize], &'static [usize], Layout, bool, bool);
 
 /// The backward of disjoint windows (window = stride, unpadded: each dx element under one
@@ -1222,16 +1250,6 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
             (&[2, 2, 2], &[2, 3, 5, 7, 16], first, false, false),
             (&[2, 2, 2], &[1, 2, 4, 4, 8], first, false, true),
         ];
-        // Dense strides of `dims` with rows `pad` elements apart more than their width.
-        let padded_rows = |dims: &[usize], pad: usize| {
-            let rank = dims.len();
-            let mut strides = vec![1; rank];
-            strides[rank - 2] = dims[rank - 1] + pad;
-            for d in (0..rank - 2).rev() {
-                strides[d] = strides[d + 1] * dims[d + 1];
-            }
-            strides
-        };
         for (window, dims, layout, gaps, y_gaps) in cases {
             let padding = vec![0; window.len()];
             let shape = if window.len() == 3 && window[0] == 2 {
@@ -1262,6 +1280,76 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
                             .unwrap();
                         let want = format!("pooling_bwd_disjoint_{how}_{op}_{shape}_{dt}");
                         assert_eq!(b, want, "backward kernel of {p:?}");
+                        check_backward(h, &p, None);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// A case of the walk tests: the padding `[h, w]` of a 3x3 window at stride 2 (a depth
+/// window of 1 for 3-D dims), dims, the extra elements between x's (and dx's) rows,
+/// whether y and dy have gaps between their rows, and the kernel the case takes.
+type WalkCase = ([usize; 2], &'static [usize], usize, bool, &'static str);
+
+/// The max backward of 3x3 windows at stride 2 over single channels whose rows are whole
+/// vectors of 4 elements, at most 128 of them, walks down bands of rows in registers by
+/// default (`pooling_bwd_walk_max_3x3s2p<P>_*`, padded by 0 or 1 along w, any padding
+/// along h). Against the reference: rows of 4 to 128 elements (groups of 1 to 32 lanes,
+/// several groups a warp), planes cut into bands of one row of windows (few planes) and
+/// of several with a short last one (1100 planes of 19 rows of windows: 7, 7 and 5 in
+/// 16-bit types, 10 and 9 in f32 on an H100), rows below the last window (a zero
+/// gradient), padding of 2 along h, 3-D tensors with a depth window of 1, x and dx with
+/// gaps between rows (a pitch of whole vectors), y and dy with unaligned gaps; ties, NaN
+/// and blends, every dtype, both max modes. Rows that are not whole vectors or longer
+/// than 128 take the cell kernel.
+#[test]
+fn gpu_walk_backward_matches_the_reference() {
+    with_gpu("gpu_walk_backward_matches_the_reference", |h| {
+        let (walk1, walk0, cell) = ("walk_max_3x3s2p1", "walk_max_3x3s2p0", "cell_max_3x3s2p1");
+        let cases: [WalkCase; 11] = [
+            ([1, 1], &[2, 3, 37, 112], 0, false, walk1),
+            ([1, 1], &[11, 100, 37, 128], 0, false, walk1),
+            ([1, 1], &[1, 2, 9, 4], 0, false, walk1),
+            ([0, 1], &[2, 3, 30, 20], 4, true, walk1),
+            ([2, 1], &[2, 3, 23, 16], 0, false, walk1),
+            ([1, 0], &[2, 2, 29, 64], 0, false, walk0),
+            // Row 17 is under no window.
+            ([0, 0], &[1, 3, 18, 128], 0, false, walk0),
+            ([1, 1], &[1, 2, 3, 5, 8], 8, false, walk1),
+            ([1, 1], &[2, 3, 11, 132], 0, false, cell),
+            ([1, 1], &[2, 3, 11, 18], 0, false, cell),
+            ([1, 1], &[2, 3, 11, 24], 2, false, cell),
+        ];
+        for ([ph, pw], dims, gap, y_gaps, kernel) in cases {
+            let (window, padding, strides) = if dims.len() == 5 {
+                (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
+            } else {
+                (vec![3, 3], vec![ph, pw], vec![2, 2])
+            };
+            // The large case once, the others in both max modes.
+            let modes: &[PoolingMode] = if dims[0] * dims[1] > 100 {
+                &[PoolingMode::Max]
+            } else {
+                &[PoolingMode::Max, PoolingMode::MaxDeterministic]
+            };
+            for &mode in modes {
+                let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides)
+                    .unwrap();
+                for dt in DataType::GPU {
+                    for (data, ab) in DATA_AND_BLENDS {
+                        let mut p = dense_problem(pool, dt, dims, Layout::ChannelsFirst, data, ab);
+                        if gap > 0 {
+                            p.x = TensorDescriptor::new(dt, dims, &padded_rows(dims, gap)).unwrap();
+                        }
+                        if y_gaps {
+                            let strides = padded_rows(p.y.dims(), 1);
+                            p.y = TensorDescriptor::new(dt, p.y.dims(), &strides).unwrap();
+                        }
+                        let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
+                            .unwrap();
+                        assert_eq!(b, format!("pooling_bwd_{kernel}_{dt}"), "{p:?}");
                         check_backward(h, &p, None);
                     }
                 }
@@ -1621,7 +1709,13 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F32,
                 Layout::ChannelsFirst,
                 "pooling_fwd_strip_3x3s2p1_f32",
-                "pooling_bwd_cell_max_3x3s2p1_f32",
+                "pooling_bwd_walk_max_3x3s2p1_f32",
+            ),
+            (
+                DataType::F16,
+                Layout::ChannelsFirst,
+                "pooling_fwd_strip_3x3s2p1_f16",
+                "pooling_bwd_walk_max_3x3s2p1_f16",
             ),
             (
                 DataType::F16,

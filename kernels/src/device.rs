@@ -362,6 +362,38 @@ pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     f32::from_bits(shfl_xor_u32(v.to_bits(), lane_mask))
 }
 
+/// Lane `l` of each group of `width` consecutive lanes (a power of two up to 32) gets the
+/// word `v` of lane `l - delta` of its group (`UP`, `__shfl_up_sync(0xffffffff, v, delta,
+/// width)`) or of lane `l + delta` (`__shfl_down_sync`); lanes with no such lane in their
+/// group get their own. The full warp must be converged.
+#[inline(always)]
+pub fn shfl_group_u32<const UP: bool>(v: u32, delta: u32, width: u32) -> u32 {
+    let out: u32;
+    // The segment mask in bits 8..13 and, for `down`, the last lane in bits 0..5.
+    let segment = (32 - width) << 8;
+    // SAFETY: register-only warp exchange; all 32 lanes participate (member mask ~0).
+    unsafe {
+        if UP {
+            asm!(
+                "shfl.sync.up.b32 {o}, {v}, {d}, {c}, 0xffffffff;",
+                o = out(reg32) out,
+                v = in(reg32) v,
+                d = in(reg32) delta,
+                c = in(reg32) segment,
+            );
+        } else {
+            asm!(
+                "shfl.sync.down.b32 {o}, {v}, {d}, {c}, 0xffffffff;",
+                o = out(reg32) out,
+                v = in(reg32) v,
+                d = in(reg32) delta,
+                c = in(reg32) segment | 0x1f,
+            );
+        }
+    }
+    out
+}
+
 /// Combines `v` across the warp with `combine`; every lane gets the result.
 #[inline(always)]
 pub fn warp_reduce<T: Copy>(v: T, combine: impl Fn(T, T) -> T, shfl: impl Fn(T, u32) -> T) -> T {

@@ -45,6 +45,11 @@
 //!   vectors under them, for the max) read together, dx written as vectors. `vec`: over
 //!   channel vectors (NHWC), a thread per cell and 16-byte vector, the window's dy vector
 //!   (and y and the cell's x vectors, for the max) written to the cell's dx vectors.
+//! - `pooling_bwd_walk_max_3x3s2p<P>_*`: the max backward of 3x3 windows at stride 2 over
+//!   rows of up to 128 elements contiguous along w in vectors of 4 (NCHW): a group of
+//!   lanes per band of rows of windows of one plane walks down it, each lane owning one
+//!   vector of every row, the rows shared by consecutive rows of windows kept in
+//!   registers, the columns beside a lane's vector exchanged by shuffles.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //! - `pooling_bwd_band_max_*`: max of 2-D windows over single channels through shared
@@ -63,9 +68,9 @@ use crate::activation::blend;
 use crate::device::{
     block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_commit, cp_async_wait,
     dynamic_smem, global_thread_x, grid_dim_x, grid_stride, grid_stride_turns, group_reduce,
-    lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_xor_f32,
-    st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x, warp_id,
-    Vec16,
+    lane_id, ld_shared_u32, ld_shared_v4, max_ignore_nan, max_propagate_nan, shfl_group_u32,
+    shfl_xor_f32, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x,
+    warp_id, LoadFence, Vec16, Words,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -80,6 +85,9 @@ const _: () = assert!(
 
 /// Channels per thread of `pooling_bwd_cell_vec_*`.
 const CELL_VECTOR: usize = oxidnn_params::POOLING_CELL_VECTOR;
+
+/// x and dx columns a lane of `pooling_bwd_walk_max_*` owns.
+const WALK_COLUMNS: usize = oxidnn_params::POOLING_WALK_COLUMNS;
 
 /// Elements a thread of `pooling_fwd_global_lane_*` loads (a 16-byte vector at a time).
 const LANE_ELEMENTS: usize = oxidnn_params::POOLING_GLOBAL_LANE_ELEMENTS;
@@ -1976,6 +1984,212 @@ unsafe fn bwd_cell_vec_disjoint<
     grid_stride_turns::<TURN, _, _>(p.items.len as u64, locate, fetch, finish)
 }
 
+/// Max backward of `WIN x WIN` windows at stride `S`, padded by `PW` along w (any padding
+/// along h), over single channels whose rows are whole vectors of `V = WALK_COLUMNS`
+/// elements and fit a group of lanes (see `PoolWalk`): each group walks down its band's
+/// rows of windows, lane `l` owning x and dx columns `V * l ..` and the `V / S` windows
+/// from column `S * (V / S) * l - PW`. A step loads the `S` new x rows of the next row of
+/// windows as one vector each (the `WIN - S` rows it shares with the last row stay in
+/// registers, with their dx sums) and the windows' y and dy; the `PW` columns left and
+/// `WIN - S - PW` right of a lane's vector come from its neighbours by shuffles. Each
+/// window's dy goes to its first element equal to its y in scan order (NaN equal to NaN,
+/// padding never); the first `S` rows are then whole: the sums a lane made for its
+/// neighbours' columns go to them, and each lane stores its vector of the row. Each x, y,
+/// dy and dx element crosses memory once (the rows a band shares with the one before it
+/// twice, through L2), every access of a group is one contiguous run, and nothing goes
+/// through shared memory. (The cell kernel reloads the x under every window of its cells,
+/// element by element; the band kernel stages everything in shared memory and finds each
+/// element's windows by division.)
+///
+/// A band owns dx rows from its first row of windows' first row (row 0 for the first band)
+/// to the next band's (the input's end for the last), and walks from the rows of windows
+/// before its own whose rows it shares, through one past its own (so that the last band
+/// reaches rows below every window), every group `steps` rows of windows: lanes of a warp
+/// never diverge around a shuffle. Groups past `items.len` walk the last band again and
+/// store nothing.
+///
+/// # Safety
+/// `p` as described by `PoolWalk`, for windows `[1, WIN, WIN]` at strides `[1, S, S]`
+/// padded `[0, any, PW]`; x and dx rows at unit w stride, aligned to `V` elements, and
+/// `input[2] <= V * walk.lanes`; `N = V + WIN - S` and `KW = V / S` (checked at compile
+/// time).
+#[inline(always)]
+unsafe fn bwd_walk_max<
+    T: Element,
+    const WIN: usize,
+    const S: usize,
+    const PW: usize,
+    const N: usize,
+    const KW: usize,
+>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const V: usize = WALK_COLUMNS;
+    const { assert!(S < WIN && PW <= WIN - S && N == V + WIN - S && KW * S == V) };
+    // Rows a row of windows shares with the next, columns a lane's windows reach right of
+    // its vector, and rows of windows before a band whose rows it shares.
+    let carry = const { WIN - S };
+    let right = const { WIN - S - PW };
+    let before = const { (WIN - 1) / S } as i32;
+    let (w, walk) = (&p.win, &p.walk);
+    let thread = global_thread_x();
+    let lanes = walk.lanes;
+    let lane = thread as u32 & (lanes - 1);
+    let group = thread / lanes as u64;
+    let active = group < p.items.len as u64;
+    let PoolCoord { n, c, s } = p
+        .items
+        .at_channels_first(group.min(p.items.len as u64 - 1) as u32);
+    let (height, width, out_w) = (w.input[1] as i32, w.input[2], w.output[2]);
+    let band = s[1];
+    let oh0 = band * walk.window_rows;
+    let oh1 = (oh0 + walk.window_rows).min(w.output[1]);
+    // First row of the windows of row `oh`.
+    let top = |oh: i32| S as i32 * oh - w.pad[1] as i32;
+    // The dx rows this group stores, and the x rows its windows read.
+    let lo = if band == 0 { 0 } else { top(oh0 as i32) };
+    let hi = match (active, oh1 == w.output[1]) {
+        (false, _) => lo,
+        (true, true) => height,
+        (true, false) => top(oh1 as i32),
+    };
+    let x_end = (top(oh1 as i32 - 1) + WIN as i32).min(height);
+    let col0 = lane * V as u32;
+    let mine = col0 < width;
+    let plane = |t: &[u32; 5]| row_offset(t, n, c) + spatial_offset(t, [s[0], 0, 0]);
+    let (x_plane, dx_plane) = (plane(&p.x) + col0, plane(&p.dx) + col0);
+    let (y_plane, dy_plane) = (plane(&p.y), plane(&p.dy));
+    // Whether the lane's window `k` of row `oh` is one of the band's (or of the rows of
+    // windows before it).
+    let live = |oh: i32, k: usize| {
+        let ow = lane * KW as u32 + k as u32;
+        (oh >= 0) & (oh < oh1 as i32) & (ow < out_w)
+    };
+    // Whether the band's windows read the lane's vector of x row `row`.
+    let read = move |row: i32| mine & (row >= 0) & (row < x_end);
+    let x_row = #[inline(always)]
+    |row: i32| -> Vec16 {
+        if read(row) {
+            T::load_raw::<V>(x.add((x_plane + row as u32 * p.x[3]) as usize), true)
+        } else {
+            [0; 4]
+        }
+    };
+    // The words row `oh` of windows loads: its `S` x rows below the shared ones and its
+    // live windows' y and dy.
+    let fetch = #[inline(always)]
+    |oh: i32| -> ([Vec16; S], ([u32; KW], [u32; KW])) {
+        let rows = core::array::from_fn(|r| x_row(top(oh) + (carry + r) as i32));
+        let (mut ys, mut gs) = ([0; KW], [0; KW]);
+        crate::unrolled!(k in KW => {
+            if live(oh, k) {
+                let ow = lane * KW as u32 + k as u32;
+                let at = |t: &[u32; 5]| (oh as u32 * t[3] + ow * t[4]) as usize;
+                ys[k] = T::load_bits(y.add(y_plane as usize + at(&p.y)));
+                gs[k] = T::load_bits(dy.add(dy_plane as usize + at(&p.dy)));
+            }
+        });
+        (rows, (ys, gs))
+    };
+    // x row `row` (its vector `raw`) as the [`canonical`] bits of the lane's columns `col0
+    // - PW ..`, the neighbours' through shuffles; `OUTSIDE` where the row or column is not
+    // in x (or not read).
+    let spread = #[inline(always)]
+    |raw: Vec16, row: i32| -> [u32; N] {
+        let own = T::unpack::<V>(raw);
+        // All ones (`OUTSIDE`) where the row is not read: no branch.
+        let outside = (!read(row) as u32).wrapping_neg();
+        let own: [u32; V] = core::array::from_fn(|i| canonical(own[i]) | outside);
+        let mut r = [OUTSIDE; N];
+        crate::unrolled!(i in V => r[PW + i] = own[i]);
+        crate::unrolled!(m in PW => {
+            let theirs = shfl_group_u32::<true>(own[V - PW + m], 1, lanes);
+            r[m] = if lane > 0 { theirs } else { OUTSIDE };
+        });
+        crate::unrolled!(m in right => {
+            let theirs = shfl_group_u32::<false>(own[m], 1, lanes);
+            r[PW + V + m] = if lane + 1 < lanes { theirs } else { OUTSIDE };
+        });
+        r
+    };
+    let value = |bits: u32| T::unpack::<1>([bits, 0, 0, 0])[0];
+    // Stores dx row `row` from the lane's sums over columns `col0 - PW ..`, with the sums
+    // its neighbours made for its columns.
+    let store_row = #[inline(always)]
+    |row: i32, sums: [f32; N]| {
+        let mut own: [f32; V] = core::array::from_fn(|i| sums[PW + i]);
+        let shuffled = |v: f32, up: bool| {
+            let bits = if up {
+                shfl_group_u32::<true>(v.to_bits(), 1, lanes)
+            } else {
+                shfl_group_u32::<false>(v.to_bits(), 1, lanes)
+            };
+            f32::from_bits(bits)
+        };
+        crate::unrolled!(m in PW => {
+            let theirs = shuffled(sums[m], false);
+            if lane + 1 < lanes {
+                own[V - PW + m] += theirs;
+            }
+        });
+        crate::unrolled!(m in right => {
+            let theirs = shuffled(sums[PW + V + m], true);
+            if lane > 0 {
+                own[m] += theirs;
+            }
+        });
+        if mine & (row >= lo) & (row < hi) {
+            store_blended::<T, V>(w, dx.add((dx_plane + row as u32 * p.dx[3]) as usize), own);
+        }
+    };
+
+    let first = oh0 as i32 - before;
+    let mut xs = [[OUTSIDE; N]; WIN];
+    let mut sums = [[0.0f32; N]; WIN];
+    crate::unrolled!(r in carry => {
+        let row = top(first) + r as i32;
+        xs[r] = spread(x_row(row), row);
+    });
+    // Each step's loads are issued a step ahead, in flight while the step before computes.
+    let mut next = fetch(first);
+    for step in 0..walk.steps as i32 {
+        let oh = first + step;
+        let row0 = top(oh);
+        let (rows, (ys, gs)) = next;
+        next = fetch(oh + 1);
+        let fence = LoadFence::over(&(rows, (ys, gs))).zero();
+        crate::unrolled!(r in S => {
+            let row = row0 + (carry + r) as i32;
+            xs[carry + r] = spread(rows[r].or_each(fence), row);
+        });
+        crate::unrolled!(k in KW => {
+            // Window `k`'s element `e = (r, q)` is the lane's column `S * k + q` of row `r`;
+            // the first equal to y takes dy (a window that is not the band's, nothing).
+            let y_bits = canonical(value(ys[k] | fence));
+            let winner = first_equal(WIN * WIN, |e| xs[e / WIN][S * k + e % WIN] == y_bits);
+            let g = if live(oh, k) { value(gs[k] | fence) } else { 0.0 };
+            // Selects, not a branch per winner (sums start at +0: adding 0 keeps them).
+            crate::unrolled!(e in WIN * WIN => {
+                sums[e / WIN][S * k + e % WIN] += if winner == e as u32 { g } else { 0.0 };
+            });
+        });
+        // Rows `row0 .. row0 + S` are in no later window: store them, move the shared ones
+        // up.
+        crate::unrolled!(r in S => store_row(row0 + r as i32, sums[r]));
+        crate::unrolled!(r in carry => {
+            xs[r] = xs[r + S];
+            sums[r] = sums[r + S];
+        });
+        crate::unrolled!(r in S => sums[carry + r] = [0.0; N]);
+    }
+    let row0 = top(first + walk.steps as i32);
+    crate::unrolled!(r in carry => store_row(row0 + r as i32, sums[r]));
+}
+
 /// Max backward through shared memory: a block takes a tile of cells of one image and run
 /// of channel vectors (see `PoolTile`). First every window overlapping the tile finds, once,
 /// the element that takes its gradient (its first element equal to its y), kept in shared
@@ -2118,6 +2332,10 @@ struct StagedBand {
     /// The plane's offset in dx.
     dx_plane: u32,
 }
+
+/// Bits no [`canonical`] value has (a NaN's, which canonical NaNs are not): a position
+/// outside the tensor, equal to no y.
+const OUTSIDE: u32 = u32::MAX;
 
 /// `v`'s bits, NaNs and zeros made one value each: equal canonical bits are what
 /// [`same_value`] calls the same value.
@@ -2867,3 +3085,29 @@ macro_rules! disjoint_entry_points {
 }
 
 crate::for_each_dtype!(disjoint_entry_points);
+
+/// The shapes of `pooling_bwd_walk_max_<W>x<W>s<S>p<P>_*` ([`bwd_walk_max`]): (window,
+/// stride, padding along w). At stride 1 (3x3/s1/p1: four windows a lane, two shared rows)
+/// the walk measured no faster than the band kernels (f32 32x192x28x28: 56.4 against 53.1
+/// µs on an H100), so it is not compiled.
+macro_rules! walk_entry_points {
+    ($dt:ident, $T:ty) => {
+        walk_entry_points!(@each $dt, $T, (3, 2, 1) (3, 2, 0));
+    };
+    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $pad:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `bwd_walk_max`, for the window, stride and padding along w in the name.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_walk_max_ $win x $win s $s p $pad _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                bwd_walk_max::<$T, $win, $s, $pad, { WALK_COLUMNS + $win - $s }, { WALK_COLUMNS / $s }>(
+                    &p, x, y, dy, dx,
+                )
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(walk_entry_points);

@@ -277,6 +277,25 @@ impl PoolBand {
     }
 }
 
+/// Columns of x and dx (one vector) each lane of a `pooling_bwd_walk_max_*` kernel owns.
+pub const POOLING_WALK_COLUMNS: usize = 4;
+
+/// The walk of a `pooling_bwd_walk_max_*` kernel: the max backward of 2-D windows over
+/// single channels whose rows fit one warp's lanes. A group of `lanes` consecutive lanes (a
+/// power of two up to 32) takes, in thread order, the band `items.at(group) = (n, c, [d,
+/// band, 0])` (`items` counts `[n, c, d, bands, 1]`): the windows of rows `band *
+/// window_rows ..` (at most `window_rows` of them) of one plane, lane `l` those over its
+/// columns `l * POOLING_WALK_COLUMNS ..`. Every group of a launch walks `steps` rows of
+/// windows (the band's, the ones before it whose rows it shares, and one after), so that
+/// a warp's lanes stay converged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolWalk {
+    pub lanes: u32,
+    pub window_rows: u32,
+    pub steps: u32,
+}
+
 /// Parameters of the backward kernels: `dx = alpha * grad + beta * dx`, where `grad` of an
 /// element sums, over the windows that contain it, `dy / count` (average; count = volume
 /// when padding is included, else the window's in-bounds elements) or `dy` where the
@@ -296,6 +315,9 @@ impl PoolBand {
 ///
 /// `pooling_bwd_band_max_*` (and `_<W>x<W>s1p<P>_`): a block per band of rows of one plane
 /// (see [`PoolBand`]), x and the windows through shared memory.
+///
+/// `pooling_bwd_walk_max_<W>x<W>s<S>p<P>_*`: a group of lanes per band of rows of windows
+/// of one plane (see [`PoolWalk`]).
 ///
 /// `pooling_bwd_cell_*` (and `_vec_`): one thread per *cell*: the `stride[0] x stride[1] x
 /// stride[2]` block of dx elements from `cell * stride - pad` (cells tile the input
@@ -317,6 +339,7 @@ pub struct PoolingBwdParams {
     pub cell_slots: [u32; POOLING_MAX_CELL],
     pub tile: PoolTile,
     pub band: PoolBand,
+    pub walk: PoolWalk,
     /// Divides by a plane's spatial volume: `pooling_bwd_global_avg_flat_*` counts dx's
     /// elements (its planes back to back) and finds each one's plane with it.
     pub plane_len: FastDivisor,

@@ -44,7 +44,7 @@
 
 use super::activation::{ActivationDescriptor, ActivationMode};
 use super::layout::{fold, Folded};
-use super::{host_read, host_write, scale_factor};
+use super::{host_read, host_write, resident_with, scale_factor};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dims, check_same_dtype, TensorDescriptor};
 use crate::dtype::DataType;
@@ -60,8 +60,6 @@ use oxidnn_params::{
     BatchNormGeometry, BatchNormPartial, BatchNormResidentParams, BatchNormStatsParams,
     BARRIER_GROUPS, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
 /// The smallest epsilon cuDNN 9 accepts (`CUDNN_BN_MIN_EPSILON`, `cudnn_ops.h`: 0.0).
 pub const BN_MIN_EPSILON: f64 = 0.0;
@@ -770,29 +768,6 @@ fn best_block(gpu: &Gpu, kernel: &'static str, shared_bytes: u32) -> Result<(usi
     } else {
         (at_big, big)
     })
-}
-
-/// Blocks of `threads` threads with `shared_bytes` of dynamic shared memory of `kernel` one
-/// SM of `gpu` runs at once (cached per device, kernel, block size and shared memory).
-fn resident_with(
-    gpu: &Gpu,
-    kernel: &'static str,
-    threads: u32,
-    shared_bytes: u32,
-) -> Result<usize> {
-    type Cache = Mutex<HashMap<(String, &'static str, u32, u32), usize>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let key = (gpu.name.clone(), kernel, threads, shared_bytes);
-    if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(n);
-    }
-    let n = gpu.resident_blocks(kernel, threads, shared_bytes)? as usize;
-    cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, n);
-    Ok(n)
 }
 
 /// Chunks to split each feature's reduction into for a kernel of which `resident` blocks

@@ -21,9 +21,11 @@ use crate::buffer::{Buffer, Memory};
 use crate::descriptor::TensorDescriptor;
 use crate::error::{Error, Result};
 use crate::host_tensor::HostTensor;
-use crate::launch::LaunchConfig;
+use crate::launch::{Gpu, LaunchConfig};
 use layout::Folded;
 use oxidnn_params::{packed_elements_per_thread, IndexMap, BLOCK_THREADS};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 /// A blending factor (alpha, beta) as the kernels take it.
 pub(crate) fn scale_factor(arg: &'static str, v: f64) -> Result<f32> {
@@ -32,6 +34,29 @@ pub(crate) fn scale_factor(arg: &'static str, v: f64) -> Result<f32> {
     } else {
         Err(Error::bad(arg, format!("must be finite, got {v}")))
     }
+}
+
+/// Blocks of `threads` threads with `shared_bytes` of dynamic shared memory of `kernel` one
+/// SM of `gpu` runs at once (cached per device, kernel, block size and shared memory).
+pub(crate) fn resident_with(
+    gpu: &Gpu,
+    kernel: &'static str,
+    threads: u32,
+    shared_bytes: u32,
+) -> Result<usize> {
+    type Cache = Mutex<HashMap<(String, &'static str, u32, u32), usize>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (gpu.name.clone(), kernel, threads, shared_bytes);
+    if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(n);
+    }
+    let n = gpu.resident_blocks(kernel, threads, shared_bytes)? as usize;
+    cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, n);
+    Ok(n)
 }
 
 /// Grid for a grid-stride kernel over `len` items: enough blocks to fill the GPU several

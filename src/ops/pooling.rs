@@ -31,7 +31,10 @@
 //! (the stride-sized block of elements at a window start, each overlapping window visited
 //! once; over NCHW rows, the common shapes have cell kernels of their own that load their
 //! windows at once or write dx as vectors) or, for max over channel vectors, per tile of
-//! cells whose windows' winners are found once into shared memory. Disjoint windows
+//! cells whose windows' winners are found once into shared memory. The max of 3x3 windows
+//! at stride 2 over rows of up to 128 elements (ResNet's stem) walks down bands of rows, a
+//! group of lanes per band owning one vector of each row, each x, y, dy and dx element
+//! read or written once with the shared rows kept in registers. Disjoint windows
 //! (window = stride, unpadded: 2x2 and 2x2x2), where each dx element is under one window
 //! at most, take kernels of their own in both layouts that read each window's dy (and y
 //! and x, for the max) once and write every dx element under it as vectors.
@@ -52,7 +55,7 @@
 //! # Ok::<(), oxidnn::Error>(())
 //! ```
 
-use super::{grid_stride_config, host_read, host_write, scale_factor};
+use super::{grid_stride_config, host_read, host_write, resident_with, scale_factor};
 use crate::buffer::Buffer;
 use crate::descriptor::{check_output, check_same_dtype, TensorDescriptor};
 use crate::dtype::DataType;
@@ -63,10 +66,10 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
     pooling_global_lane_fits, pooling_global_stage_bytes, FastDivisor, PoolBand, PoolItems,
-    PoolTile, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
-    BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
+    PoolTile, PoolWalk, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams,
+    PoolingKind, BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS,
     POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
-    POOLING_STRIPS_PER_TURN, POOLING_WINDOWS_PER_TURN,
+    POOLING_STRIPS_PER_TURN, POOLING_WALK_COLUMNS, POOLING_WINDOWS_PER_TURN,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -462,7 +465,7 @@ fn backward(
                 .iter()
                 .all(|b| b.device_address().is_some_and(|a| a % 16 == 0));
             let descs = [x_desc, y_desc, dy_desc, dx_desc];
-            let plan = backward_plan(pooling, &g, descs, aligned, gpu.sm_count, algo)?;
+            let plan = backward_plan(pooling, &g, descs, aligned, gpu, algo)?;
             let win = g.window_params(pooling, alpha32, beta32);
             let ptrs = [
                 device_ptr(gpu, x)?,
@@ -506,9 +509,8 @@ pub fn pooling_backward_kernel(
     let g = Geometry::new(pooling, x_desc)?;
     check_pooled("y_desc", &g, x_desc, y_desc)?;
     check_pooled("dy_desc", &g, x_desc, dy_desc)?;
-    let sm_count = gpu_of(handle)?.sm_count;
     let descs = [x_desc, y_desc, dy_desc, dx_desc];
-    Ok(backward_plan(pooling, &g, descs, true, sm_count, algo)?.kernel)
+    Ok(backward_plan(pooling, &g, descs, true, gpu_of(handle)?, algo)?.kernel)
 }
 
 fn gpu_of(handle: &Handle) -> Result<&Gpu> {
@@ -1077,6 +1079,7 @@ struct BackwardPlan {
     items: PoolItems,
     tile: PoolTile,
     band: PoolBand,
+    walk: PoolWalk,
     cfg: LaunchConfig,
 }
 
@@ -1204,7 +1207,9 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// [`disjoint_kernel`]), else shared-memory tiles (each
 /// window scanned once for all the cells it overlaps: 1.4x faster than the generic cells
 /// on 3x3/s2 f16 NHWC); over
-/// single channels, bands of rows for the stride-1 windows with band kernels of their own
+/// single channels, the walk down bands of rows where a walk kernel takes the window and
+/// the rows ([`walk_plan`]: 66 against 136 µs for the cells on 3x3/s2/p1 f16 NCHW), else
+/// bands of rows for the stride-1 windows with band kernels of their own
 /// (each x element staged once, where a cell kernel's threads each reload their windows':
 /// 61 against 112 µs on 3x3/s1/p1 f32 NCHW), a thread per cell where cells are small (a
 /// few percent faster than the tiles, which amortise less over one channel; 3.7x for the
@@ -1216,13 +1221,20 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// gather where a cell is one element (global pooling, whose gather is a kernel of its own
 /// that copies each plane's scaled dy); cells otherwise (2x faster than the gather on
 /// 2x2/s2 NCHW, 4x with the strip kernel: 51 against 203 µs in f32).
-fn default_algo(pooling: &PoolingDescriptor, g: &Geometry, vectors: bool) -> PoolingBwdAlgo {
+fn default_algo(
+    pooling: &PoolingDescriptor,
+    g: &Geometry,
+    vectors: bool,
+    walk: bool,
+) -> PoolingBwdAlgo {
     let cell = cell_len(g);
     if pooling.mode.is_max() {
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
         } else if vectors && (disjoint_window(g).is_some() || cell_region_vec_shape(g).is_some()) {
             PoolingBwdAlgo::Cell
+        } else if walk {
+            PoolingBwdAlgo::Tile
         } else if !vectors && band_s1_shape(g).is_some() && band_plan(g).is_some() {
             PoolingBwdAlgo::Tile
         } else if !vectors && cell <= POOLING_MAX_CELL {
@@ -1353,12 +1365,82 @@ fn band_kernel(g: &Geometry, dtype: DataType) -> Option<&'static str> {
     }
 }
 
+/// The padding along w of the walk kernels compiled for a shape
+/// (`pooling_bwd_walk_max_3x3s2p<P>_*`), if this is one: square 2-D windows of 3x3 at
+/// stride 2, unpadded or padded by 1 along w, any padding along h.
+fn walk_shape(g: &Geometry) -> Option<usize> {
+    let compiled = g.window == [1, 3, 3] && g.stride == [1, 2, 2] && g.pad[2] <= 1;
+    (compiled && g.planes_pass_through()).then_some(g.pad[2])
+}
+
+/// The max backward that walks down bands of rows over single channels (`bwd_walk_max`),
+/// if its kernel is compiled for the window ([`walk_shape`]) and x and dx keep their rows
+/// as whole, aligned vectors of `POOLING_WALK_COLUMNS` elements (unit w stride, the w
+/// extent and every other stride multiples of it) that fit one warp's lanes (w up to
+/// `32 * POOLING_WALK_COLUMNS`): a group of lanes, as many as the row has vectors rounded
+/// up to a power of two, per band of rows of windows of one plane. Each x, y, dy and dx
+/// element crosses memory once, where the cell kernel reloads the x under every window of
+/// its cells and the band kernel stages all of them in shared memory.
+///
+/// Every group walks its band's rows of windows plus the one before (whose rows it shares)
+/// and one past its end, and the groups run in waves of as many as fit the GPU at once,
+/// each as long as a band: the bands are those of the fewest waves times steps (fewer
+/// bands on a tie). On the stem's 32x64x112x112 (2048 planes, 56 rows of windows; H100)
+/// that is 2 bands of 28 in f16, one wave of 32 warps an SM (4 bands of 14, two waves:
+/// 68.9 against 66.1 µs), and 3 bands of 19 in f32, two waves of 24 warps an SM (2 bands,
+/// 1.3 waves: 122.7 µs; 4 bands: 110.8; 7 bands: 112.1).
+fn walk_plan(
+    g: &Geometry,
+    dtype: DataType,
+    xs: &[u32; 5],
+    dxs: &[u32; 5],
+    aligned: bool,
+    gpu: &Gpu,
+) -> Result<Option<(&'static str, PoolWalk, PoolItems)>> {
+    let v = POOLING_WALK_COLUMNS;
+    let rows = |s: &[u32; 5]| rows_of_vectors(s, g.input[2], v);
+    let fits = g.input[2] <= 32 * v;
+    let Some(kernel) = walk_shape(g)
+        .filter(|_| aligned && fits && rows(xs) && rows(dxs))
+        .and_then(|pad| match pad {
+            1 => kernels::pooling_bwd_walk_max_3x3s2p1(dtype),
+            _ => kernels::pooling_bwd_walk_max_3x3s2p0(dtype),
+        })
+    else {
+        return Ok(None);
+    };
+    // Rows of windows a band shares with the one before.
+    let shared = (g.window[1] - 1) / g.stride[1];
+    let lanes = (g.input[2] / v).next_power_of_two();
+    let warps = resident_with(gpu, kernel, BLOCK_THREADS, 0)? * BLOCK_THREADS as usize / 32;
+    let at_once = gpu.sm_count as usize * warps * (32 / lanes);
+    let planes = g.n * g.c * g.input[0];
+    let out_h = g.output[1];
+    let cost = |bands: usize| {
+        let steps = out_h.div_ceil(bands) + shared + 1;
+        (planes * bands).div_ceil(at_once) * steps
+    };
+    let bands = (1..=out_h).min_by_key(|&b| cost(b)).unwrap_or(1);
+    let window_rows = out_h.div_ceil(bands);
+    let bands = out_h.div_ceil(window_rows);
+    let walk = PoolWalk {
+        lanes: lanes as u32,
+        window_rows: window_rows as u32,
+        steps: (window_rows + shared + 1) as u32,
+    };
+    Ok(Some((
+        kernel,
+        walk,
+        items([g.n, g.c, g.input[0], bands, 1], false)?,
+    )))
+}
+
 fn backward_plan(
     pooling: &PoolingDescriptor,
     g: &Geometry,
     [x_desc, y_desc, dy_desc, dx_desc]: [&TensorDescriptor; 4],
     aligned: bool,
-    sm_count: u32,
+    gpu: &Gpu,
     algo: Option<PoolingBwdAlgo>,
 ) -> Result<BackwardPlan> {
     g.check_gpu_limits()?;
@@ -1373,7 +1455,12 @@ fn backward_plan(
     let vectors = |k: usize| aligned && channel_vectors(g.c, k, read);
     // Whether the operands take 16-byte channel vectors.
     let vectors16 = vectors(16 / dtype.size_bytes());
-    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors16));
+    let walk = if max {
+        walk_plan(g, dtype, &strides[0], &strides[3], aligned, gpu)?
+    } else {
+        None
+    };
+    let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors16, walk.is_some()));
     match algo {
         PoolingBwdAlgo::Cell if cell_len(g) > POOLING_MAX_CELL => {
             return Err(Error::unsupported(format!(
@@ -1420,7 +1507,20 @@ fn backward_plan(
         (Cell, false, true) => cell_region_kernel(g, dtype),
         _ => None,
     };
-    // Over single channels, the tile backward takes bands of whole rows where they fit.
+    // Over single channels, the tile backward walks down bands of rows in registers where
+    // a walk kernel takes them, else stages bands of whole rows where they fit.
+    if let (Tile, false, Some((kernel, walk, items))) = (algo, vec, walk) {
+        let threads = items.len as u64 * walk.lanes as u64;
+        return Ok(BackwardPlan {
+            kernel,
+            algo,
+            items,
+            tile: PoolTile::default(),
+            band: PoolBand::default(),
+            walk,
+            cfg: LaunchConfig::for_threads(threads, BLOCK_THREADS)?,
+        });
+    }
     let band = if (algo, vec) == (Tile, false) {
         band_plan(g)
     } else {
@@ -1458,6 +1558,7 @@ fn backward_plan(
             items,
             tile: PoolTile::default(),
             band,
+            walk: PoolWalk::default(),
             cfg,
         });
     }
@@ -1479,6 +1580,7 @@ fn backward_plan(
             items: PoolItems::default(),
             tile,
             band: PoolBand::default(),
+            walk: PoolWalk::default(),
             cfg,
         });
     }
@@ -1502,7 +1604,7 @@ fn backward_plan(
         } else {
             1
         };
-        grid_stride_config((items.len as u64).div_ceil(per_thread as u64), sm_count)?
+        grid_stride_config((items.len as u64).div_ceil(per_thread as u64), gpu.sm_count)?
     };
     Ok(BackwardPlan {
         kernel,
@@ -1510,6 +1612,7 @@ fn backward_plan(
         items,
         tile: PoolTile::default(),
         band: PoolBand::default(),
+        walk: PoolWalk::default(),
         cfg,
     })
 }
@@ -1532,6 +1635,7 @@ fn launch_backward(
         cell_slots: [0; POOLING_MAX_CELL],
         tile: plan.tile,
         band: plan.band,
+        walk: plan.walk,
         plane_len: FastDivisor::new(g.input.iter().product::<usize>() as u32),
         x: strides5(x_desc)?,
         y: strides5(y_desc)?,
