@@ -948,16 +948,12 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => String::new(),
             };
-            // Over single channels whose rows are whole vectors of 4 (at most 128), 3x3
+            // Over single channels whose rows are whole 16-byte vectors (32 at most), 3x3
             // windows at stride 2 (padded by 0 or 1 along w) walk down bands of rows.
-            let walk_shape = match (window, stride, padding) {
-                (&[3, 3], &[2, 2], &[_, pw])
-                    if pw <= 1
-                        && layout == first
-                        && dims[3].is_multiple_of(4)
-                        && dims[3] <= 128 =>
-                {
-                    Some(format!("3x3s2p{pw}"))
+            let walk_shape = |dt: DataType| match (window, stride, padding) {
+                (&[3, 3], &[2, 2], &[_, pw]) if pw <= 1 && layout == first => {
+                    let row = dims[3] * dt.size_bytes();
+                    (row.is_multiple_of(16) && row <= 32 * 16).then(|| format!("3x3s2p{pw}"))
                 }
                 _ => None,
             };
@@ -1042,7 +1038,8 @@ fn gpu_every_kernel_matches_the_reference() {
                                 (algo, m, &shaped_cell)
                             {
                                 format!("pooling_bwd_cell_max_{shape}_{dt}")
-                            } else if let (PoolingBwdAlgo::Tile, Some(shape)) = (algo, &walk_shape)
+                            } else if let (PoolingBwdAlgo::Tile, Some(shape)) =
+                                (algo, walk_shape(dt))
                             {
                                 format!("pooling_bwd_walk_max_{shape}_{dt}")
                             } else if algo == PoolingBwdAlgo::Tile && band {
@@ -1289,40 +1286,40 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
 }
 
 /// A case of the walk tests: the padding `[h, w]` of a 3x3 window at stride 2 (a depth
-/// window of 1 for 3-D dims), dims, the extra elements between x's (and dx's) rows,
-/// whether y and dy have gaps between their rows, and the kernel the case takes.
-type WalkCase = ([usize; 2], &'static [usize], usize, bool, &'static str);
+/// window of 1 for 3-D dims), dims, the extra elements between x's (and dx's) rows, and
+/// whether y and dy have gaps between their rows.
+type WalkCase = ([usize; 2], &'static [usize], usize, bool);
 
 /// The max backward of 3x3 windows at stride 2 over single channels whose rows are whole
-/// vectors of 4 elements, at most 128 of them, walks down bands of rows in registers by
-/// default (`pooling_bwd_walk_max_3x3s2p<P>_*`, padded by 0 or 1 along w, any padding
-/// along h). Against the reference: rows of 4 to 128 elements (groups of 1 to 32 lanes,
-/// several groups a warp), planes cut into bands of one row of windows (few planes) and
-/// of several with a short last one (1100 planes of 19 rows of windows: 7, 7 and 5 in
-/// 16-bit types, 10 and 9 in f32 on an H100), rows below the last window (a zero
-/// gradient), padding of 2 along h, 3-D tensors with a depth window of 1, x and dx with
-/// gaps between rows (a pitch of whole vectors), y and dy with unaligned gaps; ties, NaN
-/// and blends, every dtype, both max modes. Rows that are not whole vectors or longer
-/// than 128 take the cell kernel.
+/// 16-byte vectors, at most 32 of them, walks down bands of rows in registers by default
+/// (`pooling_bwd_walk_max_3x3s2p<P>_*`, padded by 0 or 1 along w, any padding along h);
+/// other rows take the cell kernel. Against the reference: rows of 1 to 32 vectors (groups
+/// of 1 to 32 lanes, several groups a warp), planes cut into bands of one row of windows
+/// (few planes) and of several with a short last one (1100 planes of 19 rows of windows:
+/// 10 and 9 in f32, 7, 7 and 5 in 16-bit types on an H100), rows below the last window (a
+/// zero gradient), padding of 2 along h, 3-D tensors with a depth window of 1, x and dx
+/// with gaps between rows (a pitch of whole vectors, or not), y and dy with unaligned
+/// gaps, rows too long for a warp in f32 but not in f16; ties, NaN and blends, every
+/// dtype, both max modes.
 #[test]
 fn gpu_walk_backward_matches_the_reference() {
     with_gpu("gpu_walk_backward_matches_the_reference", |h| {
-        let (walk1, walk0, cell) = ("walk_max_3x3s2p1", "walk_max_3x3s2p0", "cell_max_3x3s2p1");
-        let cases: [WalkCase; 11] = [
-            ([1, 1], &[2, 3, 37, 112], 0, false, walk1),
-            ([1, 1], &[11, 100, 37, 128], 0, false, walk1),
-            ([1, 1], &[1, 2, 9, 4], 0, false, walk1),
-            ([0, 1], &[2, 3, 30, 20], 4, true, walk1),
-            ([2, 1], &[2, 3, 23, 16], 0, false, walk1),
-            ([1, 0], &[2, 2, 29, 64], 0, false, walk0),
+        let cases: [WalkCase; 12] = [
+            ([1, 1], &[2, 3, 37, 112], 0, false),
+            ([1, 1], &[11, 100, 37, 128], 0, false),
+            ([1, 1], &[1, 2, 9, 8], 0, false),
+            ([0, 1], &[2, 3, 30, 24], 8, true),
+            ([2, 1], &[2, 3, 23, 16], 0, false),
+            ([1, 0], &[2, 2, 29, 64], 0, false),
             // Row 17 is under no window.
-            ([0, 0], &[1, 3, 18, 128], 0, false, walk0),
-            ([1, 1], &[1, 2, 3, 5, 8], 8, false, walk1),
-            ([1, 1], &[2, 3, 11, 132], 0, false, cell),
-            ([1, 1], &[2, 3, 11, 18], 0, false, cell),
-            ([1, 1], &[2, 3, 11, 24], 2, false, cell),
+            ([0, 0], &[1, 3, 18, 128], 0, false),
+            ([1, 1], &[1, 2, 3, 5, 8], 8, false),
+            ([1, 1], &[1, 4, 15, 256], 0, false),
+            ([1, 1], &[2, 3, 11, 132], 0, false),
+            ([1, 1], &[2, 3, 11, 18], 0, false),
+            ([1, 1], &[2, 3, 11, 24], 2, false),
         ];
-        for ([ph, pw], dims, gap, y_gaps, kernel) in cases {
+        for ([ph, pw], dims, gap, y_gaps) in cases {
             let (window, padding, strides) = if dims.len() == 5 {
                 (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
             } else {
@@ -1338,6 +1335,12 @@ fn gpu_walk_backward_matches_the_reference() {
                 let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides)
                     .unwrap();
                 for dt in DataType::GPU {
+                    // Rows (and the gaps between them) of whole 16-byte vectors, 32 at most.
+                    let row = dims[dims.len() - 1] * dt.size_bytes();
+                    let walks = row.is_multiple_of(16)
+                        && row <= 32 * 16
+                        && (gap * dt.size_bytes()).is_multiple_of(16);
+                    let how = if walks { "walk" } else { "cell" };
                     for (data, ab) in DATA_AND_BLENDS {
                         let mut p = dense_problem(pool, dt, dims, Layout::ChannelsFirst, data, ab);
                         if gap > 0 {
@@ -1349,7 +1352,8 @@ fn gpu_walk_backward_matches_the_reference() {
                         }
                         let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
                             .unwrap();
-                        assert_eq!(b, format!("pooling_bwd_{kernel}_{dt}"), "{p:?}");
+                        let want = format!("pooling_bwd_{how}_max_3x3s2p{pw}_{dt}");
+                        assert_eq!(b, want, "{p:?}");
                         check_backward(h, &p, None);
                     }
                 }

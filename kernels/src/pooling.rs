@@ -46,7 +46,7 @@
 //!   channel vectors (NHWC), a thread per cell and 16-byte vector, the window's dy vector
 //!   (and y and the cell's x vectors, for the max) written to the cell's dx vectors.
 //! - `pooling_bwd_walk_max_3x3s2p<P>_*`: the max backward of 3x3 windows at stride 2 over
-//!   rows of up to 128 elements contiguous along w in vectors of 4 (NCHW): a group of
+//!   rows of up to 32 16-byte vectors contiguous along w (NCHW): a group of
 //!   lanes per band of rows of windows of one plane walks down it, each lane owning one
 //!   vector of every row, the rows shared by consecutive rows of windows kept in
 //!   registers, the columns beside a lane's vector exchanged by shuffles.
@@ -74,8 +74,8 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    pooling_global_stage_bytes, PoolCoord, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    pooling_global_stage_bytes, pooling_walk_columns, PoolCoord, PoolWindow, PoolingBwdParams,
+    PoolingFwdParams, PoolingGlobalParams, PoolingKind, POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 const _: () = assert!(
@@ -85,9 +85,6 @@ const _: () = assert!(
 
 /// Channels per thread of `pooling_bwd_cell_vec_*`.
 const CELL_VECTOR: usize = oxidnn_params::POOLING_CELL_VECTOR;
-
-/// x and dx columns a lane of `pooling_bwd_walk_max_*` owns.
-const WALK_COLUMNS: usize = oxidnn_params::POOLING_WALK_COLUMNS;
 
 /// Elements a thread of `pooling_fwd_global_lane_*` loads (a 16-byte vector at a time).
 const LANE_ELEMENTS: usize = oxidnn_params::POOLING_GLOBAL_LANE_ELEMENTS;
@@ -1985,8 +1982,8 @@ unsafe fn bwd_cell_vec_disjoint<
 }
 
 /// Max backward of `WIN x WIN` windows at stride `S`, padded by `PW` along w (any padding
-/// along h), over single channels whose rows are whole vectors of `V = WALK_COLUMNS`
-/// elements and fit a group of lanes (see `PoolWalk`): each group walks down its band's
+/// along h), over single channels whose rows are whole 16-byte vectors of `V` elements
+/// (`pooling_walk_columns`) and fit a group of lanes (see `PoolWalk`): each group walks down its band's
 /// rows of windows, lane `l` owning x and dx columns `V * l ..` and the `V / S` windows
 /// from column `S * (V / S) * l - PW`. A step loads the `S` new x rows of the next row of
 /// windows as one vector each (the `WIN - S` rows it shares with the last row stay in
@@ -2010,12 +2007,14 @@ unsafe fn bwd_cell_vec_disjoint<
 ///
 /// # Safety
 /// `p` as described by `PoolWalk`, for windows `[1, WIN, WIN]` at strides `[1, S, S]`
-/// padded `[0, any, PW]`; x and dx rows at unit w stride, aligned to `V` elements, and
+/// padded `[0, any, PW]`; x and dx rows at unit w stride, aligned to `V` elements (16
+/// bytes), and
 /// `input[2] <= V * walk.lanes`; `N = V + WIN - S` and `KW = V / S` (checked at compile
 /// time).
 #[inline(always)]
 unsafe fn bwd_walk_max<
     T: Element,
+    const V: usize,
     const WIN: usize,
     const S: usize,
     const PW: usize,
@@ -2028,8 +2027,10 @@ unsafe fn bwd_walk_max<
     dy: *const T,
     dx: *mut T,
 ) {
-    const V: usize = WALK_COLUMNS;
-    const { assert!(S < WIN && PW <= WIN - S && N == V + WIN - S && KW * S == V) };
+    const {
+        assert!(V * size_of::<T>() == 16 && S < WIN && PW <= WIN - S);
+        assert!(N == V + WIN - S && KW * S == V);
+    };
     // Rows a row of windows shares with the next, columns a lane's windows reach right of
     // its vector, and rows of windows before a band whose rows it shares.
     let carry = const { WIN - S };
@@ -3102,9 +3103,8 @@ macro_rules! walk_entry_points {
             pub unsafe extern "ptx-kernel" fn [<pooling_bwd_walk_max_ $win x $win s $s p $pad _ $dt>](
                 p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
             ) {
-                bwd_walk_max::<$T, $win, $s, $pad, { WALK_COLUMNS + $win - $s }, { WALK_COLUMNS / $s }>(
-                    &p, x, y, dy, dx,
-                )
+                const V: usize = pooling_walk_columns(size_of::<$T>());
+                bwd_walk_max::<$T, V, $win, $s, $pad, { V + $win - $s }, { V / $s }>(&p, x, y, dy, dx)
             }
         )* }
     };

@@ -277,15 +277,18 @@ impl PoolBand {
     }
 }
 
-/// Columns of x and dx (one vector) each lane of a `pooling_bwd_walk_max_*` kernel owns.
-pub const POOLING_WALK_COLUMNS: usize = 4;
+/// Columns of x and dx each lane of a `pooling_bwd_walk_max_*` kernel owns, for elements
+/// of `size` bytes: one 16-byte vector (4 f32, 8 of a 16-bit type).
+pub const fn pooling_walk_columns(size: usize) -> usize {
+    16 / size
+}
 
 /// The walk of a `pooling_bwd_walk_max_*` kernel: the max backward of 2-D windows over
 /// single channels whose rows fit one warp's lanes. A group of `lanes` consecutive lanes (a
 /// power of two up to 32) takes, in thread order, the band `items.at(group) = (n, c, [d,
 /// band, 0])` (`items` counts `[n, c, d, bands, 1]`): the windows of rows `band *
 /// window_rows ..` (at most `window_rows` of them) of one plane, lane `l` those over its
-/// columns `l * POOLING_WALK_COLUMNS ..`. Every group of a launch walks `steps` rows of
+/// columns `l * pooling_walk_columns(size) ..`. Every group of a launch walks `steps` rows of
 /// windows (the band's, the ones before it whose rows it shares, and one after), so that
 /// a warp's lanes stay converged.
 #[repr(C)]
