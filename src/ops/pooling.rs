@@ -1385,9 +1385,10 @@ fn walk_shape(g: &Geometry) -> Option<usize> {
 /// and one past its end, and the groups run in waves of as many as fit the GPU at once,
 /// each as long as a band: the bands are those of the fewest waves times steps (fewer
 /// bands on a tie). On the stem's 32x64x112x112 (2048 planes, 56 rows of windows; H100)
-/// that is 2 bands of 28 in f16, one wave of 32 warps an SM (4 bands of 14, two waves:
-/// 68.9 against 66.1 µs), and 3 bands of 19 in f32, two waves of 24 warps an SM (2 bands,
-/// 1.3 waves: 122.7 µs; 4 bands: 110.8; 7 bands: 112.1).
+/// that is 2 bands of 28 in f16, one wave of 32 groups an SM (16 warps of two), and 3
+/// bands of 19 in f32, two waves of 24 warps an SM (105.6 µs; with 2 bands, 1.3 waves,
+/// 122.7 µs; 4 bands 110.8; 7 bands 112.1). (Measured with lanes of 4 f16 columns, 32
+/// warps an SM: 2 bands, one wave, 66.1 µs; 4 bands, two waves, 68.9.)
 fn walk_plan(
     g: &Geometry,
     dtype: DataType,
