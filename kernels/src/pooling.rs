@@ -46,10 +46,10 @@
 //!   channel vectors (NHWC), a thread per cell and 16-byte vector, the window's dy vector
 //!   (and y and the cell's x vectors, for the max) written to the cell's dx vectors.
 //! - `pooling_bwd_walk_max_3x3s2p<P>_*`: the max backward of 3x3 windows at stride 2 over
-//!   rows of up to 32 16-byte vectors contiguous along w (NCHW): a group of
-//!   lanes per band of rows of windows of one plane walks down it, each lane owning one
-//!   vector of every row, the rows shared by consecutive rows of windows kept in
-//!   registers, the columns beside a lane's vector exchanged by shuffles.
+//!   rows of up to 32 16-byte vectors contiguous along w (NCHW): a group of lanes per
+//!   band of rows of windows of one plane walks down it, each lane owning one vector of
+//!   every row, the rows shared by consecutive rows of windows kept in registers, the
+//!   columns beside a lane's vector exchanged by shuffles.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //! - `pooling_bwd_band_max_*`: max of 2-D windows over single channels through shared
@@ -1983,9 +1983,9 @@ unsafe fn bwd_cell_vec_disjoint<
 
 /// Max backward of `WIN x WIN` windows at stride `S`, padded by `PW` along w (any padding
 /// along h), over single channels whose rows are whole 16-byte vectors of `V` elements
-/// (`pooling_walk_columns`) and fit a group of lanes (see `PoolWalk`): each group walks down its band's
-/// rows of windows, lane `l` owning x and dx columns `V * l ..` and the `V / S` windows
-/// from column `S * (V / S) * l - PW`. A step loads the `S` new x rows of the next row of
+/// (`pooling_walk_columns`) and fit a group of lanes (see `PoolWalk`): each group walks
+/// down its band's rows of windows, lane `l` owning x and dx columns `V * l ..` and the `V
+/// / S` windows from column `V * l - PW`. A step loads the `S` new x rows of the next row of
 /// windows as one vector each (the `WIN - S` rows it shares with the last row stay in
 /// registers, with their dx sums) and the windows' y and dy; the `PW` columns left and
 /// `WIN - S - PW` right of a lane's vector come from its neighbours by shuffles. Each
@@ -2008,9 +2008,8 @@ unsafe fn bwd_cell_vec_disjoint<
 /// # Safety
 /// `p` as described by `PoolWalk`, for windows `[1, WIN, WIN]` at strides `[1, S, S]`
 /// padded `[0, any, PW]`; x and dx rows at unit w stride, aligned to `V` elements (16
-/// bytes), and
-/// `input[2] <= V * walk.lanes`; `N = V + WIN - S` and `KW = V / S` (checked at compile
-/// time).
+/// bytes), and `input[2] <= V * walk.lanes`; `N = V + WIN - S` and `KW = V / S` (checked
+/// at compile time).
 #[inline(always)]
 unsafe fn bwd_walk_max<
     T: Element,

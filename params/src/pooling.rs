@@ -288,9 +288,9 @@ pub const fn pooling_walk_columns(size: usize) -> usize {
 /// power of two up to 32) takes, in thread order, the band `items.at(group) = (n, c, [d,
 /// band, 0])` (`items` counts `[n, c, d, bands, 1]`): the windows of rows `band *
 /// window_rows ..` (at most `window_rows` of them) of one plane, lane `l` those over its
-/// columns `l * pooling_walk_columns(size) ..`. Every group of a launch walks `steps` rows of
-/// windows (the band's, the ones before it whose rows it shares, and one after), so that
-/// a warp's lanes stay converged.
+/// columns `l * pooling_walk_columns(size) ..`. Every group of a launch walks `steps` rows
+/// of windows (the band's, the ones before it whose rows it shares, and one after), so
+/// that a warp's lanes stay converged.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PoolWalk {

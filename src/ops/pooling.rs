@@ -1377,9 +1377,9 @@ fn walk_shape(g: &Geometry) -> Option<usize> {
 /// and every other stride multiples of it) that fit one warp's lanes (up to 32 vectors: w
 /// up to 128 in f32, 256 in 16-bit types): a group of lanes, as many as the row has
 /// vectors rounded up to a power of two, per band of rows of windows of one plane (a lane
-/// over 8 f16 columns, not 4, took the stem's f16 backward from 66.2 to 61.0 µs). Each x, y, dy and dx
-/// element crosses memory once, where the cell kernel reloads the x under every window of
-/// its cells and the band kernel stages all of them in shared memory.
+/// over 8 f16 columns, not 4, took the stem's f16 backward from 66.2 to 61.0 µs). Each x,
+/// y, dy and dx element crosses memory once, where the cell kernel reloads the x under
+/// every window of its cells and the band kernel stages all of them in shared memory.
 ///
 /// Every group walks its band's rows of windows plus the one before (whose rows it shares)
 /// and one past its end, and the groups run in waves of as many as fit the GPU at once,
