@@ -1663,9 +1663,11 @@ fn launch_backward(
     // channel-contiguous, 16-byte aligned operands; the shaped cell kernels only on their
     // window shapes, with dx vector stores only where dx allows them (checked in the
     // kernel, or by disjoint_strip_kernel for the disjoint-window strips, which load x
-    // rows as vectors only where x allows them too); the band kernel only on
-    // 2-D windows, with the shared memory band_plan sized for its rows; the flat global
-    // average only on aligned dx whose planes lie back to back, its items counting dx's
-    // elements and plane_len their planes' volume.
+    // rows as vectors only where x allows them too); the band kernel only on 2-D
+    // windows, with the shared memory band_plan sized for its rows; the walk kernels only
+    // on x and dx rows of whole aligned 16-byte vectors, no more than the group's lanes
+    // (walk_plan), its groups counting the bands of dx's planes; the flat global average
+    // only on aligned dx whose planes lie back to back, its items counting dx's elements
+    // and plane_len their planes' volume.
     unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
 }
