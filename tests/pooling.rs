@@ -1910,11 +1910,17 @@ fn assert_bad(e: Error, arg: &str) {
 }
 
 /// The backward of disjoint 2x2 windows (kernels of their own on the GPU, for the max and
-/// the average, over channel vectors and over rows of vectors) checks its operands first
-/// like every path: wrong dims, another dtype and short buffers are typed errors naming
-/// the argument, and dx is left as it was.
+/// the average, over channel vectors and over rows of vectors) and the walk of 3x3/s2/p1
+/// max windows over rows of vectors check their operands first like every path: wrong
+/// dims, another dtype and short buffers are typed errors naming the argument, and dx is
+/// left as it was. (Both windows pool 8x16 to 4x8.)
 #[test]
-fn bad_inputs_on_the_disjoint_window_paths_are_typed_errors() {
+fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
+    let pools = [
+        pool2d(PoolingMode::Max, 2, 0, 2),
+        pool2d(PoolingMode::AverageCountIncludePadding, 2, 0, 2),
+        pool2d(PoolingMode::Max, 3, 1, 2),
+    ];
     for h in handles() {
         let f16_ = DataType::F16;
         for layout in [Layout::ChannelsLast, Layout::ChannelsFirst] {
@@ -1922,8 +1928,12 @@ fn bad_inputs_on_the_disjoint_window_paths_are_typed_errors() {
                 TensorDescriptor::spatial(dt, 2, c, &hw, layout).unwrap()
             };
             let (xd, yd) = (desc(f16_, 16, [8, 16]), desc(f16_, 16, [4, 8]));
-            for mode in [PoolingMode::Max, PoolingMode::AverageCountIncludePadding] {
-                let pool = pool2d(mode, 2, 0, 2);
+            for pool in pools {
+                let mode = pool.mode();
+                if h.is_gpu() && pool.window() == [3, 3] && layout == Layout::ChannelsFirst {
+                    let kernel = pooling_backward_kernel(h, None, &pool, &xd, &yd, &yd, &xd);
+                    assert_eq!(kernel.unwrap(), "pooling_bwd_walk_max_3x3s2p1_f16");
+                }
                 let (x, y, dy) = (
                     h.alloc(&xd).unwrap(),
                     h.alloc(&yd).unwrap(),
