@@ -936,6 +936,12 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => None,
             };
+            // Over channel vectors, 3x3 windows at stride 2 (any padding) walk down bands
+            // of rows.
+            let walk_vec = matches!(
+                (window, stride, padding),
+                (&[1, 3, 3], &[1, 2, 2], &[0, _, _]) | (&[3, 3], &[2, 2], _)
+            );
             // Over single channels, the tile backward of 2-D windows (a depth window of 1
             // at stride 1, unpadded) takes bands of rows, in kernels of their own for 2x2
             // unpadded along w and 3x3 unpadded or padded by 1, at stride 1.
@@ -1030,6 +1036,8 @@ fn gpu_every_kernel_matches_the_reference() {
                                     (false, false) => "avg",
                                 };
                                 format!("pooling_bwd_global_{how}_{dt}")
+                            } else if vec && walk_vec && algo == PoolingBwdAlgo::Tile {
+                                format!("pooling_bwd_walk_vec_max_3x3s2_{dt}")
                             } else if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
                             } else if algo == PoolingBwdAlgo::Cell && disjoint_strip(dt) {
@@ -1362,6 +1370,81 @@ fn gpu_walk_backward_matches_the_reference() {
     });
 }
 
+/// A case of the channel-vector walk test: the padding `[h, w]` of a 3x3 window at stride
+/// 2 (a depth window of 1 for 3-D dims), dims, and whether x, and y and dy, have gaps
+/// between their pixels.
+type WalkVecCase = ([usize; 2], &'static [usize], bool, bool);
+
+/// The max backward of 3x3 windows at stride 2 over channel vectors (every operand
+/// channels-last in 8-byte vectors: 2 f32, 4 f16) walks down bands of rows by default
+/// (`pooling_bwd_walk_vec_max_3x3s2_*`, any padding). Against the reference: odd, prime and
+/// even extents (windows hanging past the edges, a row and a column under no window),
+/// paddings of 0 to 2, one row or column, channels of one vector and of several, bands of
+/// one row of windows (few pixels) and of several with a short last one (10x64x37x99:
+/// 8000 f16 threads a band, 4 bands of 5, 5, 5 and 4 rows of windows on an H100), 3-D
+/// tensors with a depth window of 1, gaps between pixels; ties, NaN and blends, every
+/// dtype, both max modes. Channels that are not whole vectors (6 f16) take another
+/// kernel.
+#[test]
+fn gpu_walk_vec_backward_matches_the_reference() {
+    with_gpu("gpu_walk_vec_backward_matches_the_reference", |h| {
+        let cases: [WalkVecCase; 13] = [
+            ([1, 1], &[2, 16, 17, 19], false, false),
+            ([0, 0], &[2, 4, 13, 10], false, false),
+            ([1, 0], &[1, 12, 7, 11], false, false),
+            ([0, 1], &[3, 8, 5, 5], false, false),
+            ([2, 2], &[2, 8, 9, 6], false, false),
+            ([2, 0], &[1, 4, 8, 13], false, true),
+            ([1, 1], &[2, 8, 1, 7], false, false),
+            ([1, 1], &[2, 8, 6, 1], false, false),
+            // Row 17 and column 8 are under no window.
+            ([0, 0], &[1, 8, 18, 9], true, false),
+            ([1, 1], &[2, 8, 3, 9, 10], false, false),
+            ([1, 1], &[2, 24, 23, 29], true, true),
+            ([1, 1], &[10, 64, 37, 99], false, false),
+            ([1, 1], &[2, 6, 9, 9], false, false),
+        ];
+        for ([ph, pw], dims, x_gaps, y_gaps) in cases {
+            let (window, padding, strides) = if dims.len() == 5 {
+                (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
+            } else {
+                (vec![3, 3], vec![ph, pw], vec![2, 2])
+            };
+            // The large case once, the others in both max modes.
+            let large = dims.iter().product::<usize>() > 1 << 20;
+            let modes: &[PoolingMode] = if large {
+                &[PoolingMode::Max]
+            } else {
+                &[PoolingMode::Max, PoolingMode::MaxDeterministic]
+            };
+            for &mode in modes {
+                let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides)
+                    .unwrap();
+                for dt in DataType::GPU {
+                    for (data, ab) in DATA_AND_BLENDS {
+                        let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
+                        if x_gaps {
+                            p.x = gapped_pixels(dt, dims);
+                        }
+                        if y_gaps {
+                            p.y = gapped_pixels(dt, p.y.dims());
+                        }
+                        let walk = format!("pooling_bwd_walk_vec_max_3x3s2_{dt}");
+                        let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
+                            .unwrap();
+                        if dims[1] % (8 / dt.size_bytes()) == 0 {
+                            assert_eq!(b, walk, "{p:?}");
+                        } else {
+                            assert_ne!(b, walk, "{p:?}");
+                        }
+                        check_backward(h, &p, None);
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// The max backward's bands of rows against the reference: planes cut into several bands
 /// (the last one short), strides that skip rows, windows taller than wide, a band of one row
 /// where wider ones take too much shared memory, 1-D and 3-D windows of depth 1, and x and
@@ -1506,29 +1589,31 @@ fn gpu_band_backward_matches_the_reference_across_bands() {
     );
 }
 
+/// A channels-last tensor of `dims` (`[n, c, spatial..]`) with gaps between its pixels:
+/// channels innermost, then w, h, (d,) n, pixels `c + 4` elements apart.
+fn gapped_pixels(dt: DataType, dims: &[usize]) -> TensorDescriptor {
+    let mut strides = vec![0; dims.len()];
+    strides[1] = 1;
+    let mut s = dims[1] + 4;
+    for d in (2..dims.len()).rev() {
+        strides[d] = s;
+        s *= dims[d];
+    }
+    strides[0] = s;
+    TensorDescriptor::new(dt, dims, &strides).unwrap()
+}
+
 /// The max cell kernels over channel vectors (`pooling_bwd_cell_vec_max_<W>x<W>s2_*`)
 /// against the reference: cells cut by the input's edges (odd and prime extents, windows
 /// hanging past them with and without padding, rows and columns of x in no window),
 /// channels of one vector and of several that are not whole 16-byte vectors (12: only the
 /// forced cell algorithm takes them), a 3-D window of depth 1, channel-contiguous tensors
 /// with gaps between pixels, ties, NaNs and an alpha/beta blend, in both max modes and
-/// every dtype. The default algorithm takes them where C fills 16-byte vectors; there,
-/// unpadded 2x2/s2 windows take the disjoint-window kernel instead.
+/// every dtype. The default algorithm takes the 2x2 ones where C fills 16-byte vectors;
+/// there, unpadded 2x2/s2 windows take the disjoint-window kernel instead.
 #[test]
 fn gpu_cell_vec_backward_matches_the_reference() {
     with_gpu("gpu_cell_vec_backward_matches_the_reference", |h| {
-        // Channels innermost, then w, h, (d,) n; pixels `c + 4` elements apart.
-        let gapped = |dt: DataType, dims: &[usize]| {
-            let mut strides = vec![0; dims.len()];
-            strides[1] = 1;
-            let mut s = dims[1] + 4;
-            for d in (2..dims.len()).rev() {
-                strides[d] = s;
-                s *= dims[d];
-            }
-            strides[0] = s;
-            TensorDescriptor::new(dt, dims, &strides).unwrap()
-        };
         let cases: [KernelCase; 10] = [
             (&[3, 3], &[1, 1], &[2, 2], &[2, 16, 17, 19], false, "3x3s2"),
             (&[3, 3], &[0, 0], &[2, 2], &[2, 4, 13, 10], false, "3x3s2"),
@@ -1556,7 +1641,7 @@ fn gpu_cell_vec_backward_matches_the_reference() {
                     for (data, ab) in DATA_AND_BLENDS {
                         let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
                         if gaps {
-                            p.x = gapped(dt, dims);
+                            p.x = gapped_pixels(dt, dims);
                         }
                         let whole_vectors = !gaps && dims[1] % (16 / dt.size_bytes()) == 0;
                         // Unpadded windows of their stride's size over whole 16-byte
@@ -1572,8 +1657,9 @@ fn gpu_cell_vec_backward_matches_the_reference() {
                             pooling_backward_kernel(h, Some(algo), &p.pool, &p.x, &p.y, &p.y, &p.x);
                         assert_eq!(b.unwrap(), kernel, "{p:?}");
                         check_backward(h, &p, Some(algo));
-                        // Where C fills 16-byte vectors of the dtype, the default too.
-                        if whole_vectors {
+                        // Where C fills 16-byte vectors of the dtype, the default too (3x3
+                        // windows walk down bands of rows instead).
+                        if whole_vectors && shape == "2x2s2" {
                             let b =
                                 pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x);
                             assert_eq!(b.unwrap(), kernel, "default of {p:?}");
@@ -1725,7 +1811,7 @@ fn gpu_headline_shapes_take_the_fast_paths() {
                 DataType::F16,
                 Layout::ChannelsLast,
                 "pooling_fwd_window_vec_3x3_f16",
-                "pooling_bwd_cell_vec_max_3x3s2_f16",
+                "pooling_bwd_walk_vec_max_3x3s2_f16",
             ),
         ] {
             let x = TensorDescriptor::spatial(dt, 32, 64, &[112, 112], layout).unwrap();
@@ -1910,10 +1996,10 @@ fn assert_bad(e: Error, arg: &str) {
 }
 
 /// The backward of disjoint 2x2 windows (kernels of their own on the GPU, for the max and
-/// the average, over channel vectors and over rows of vectors) and the walk of 3x3/s2/p1
-/// max windows over rows of vectors check their operands first like every path: wrong
-/// dims, another dtype and short buffers are typed errors naming the argument, and dx is
-/// left as it was. (Both windows pool 8x16 to 4x8.)
+/// the average, over channel vectors and over rows of vectors) and the walks of 3x3/s2/p1
+/// max windows (over rows of vectors and over channel vectors) check their operands first
+/// like every path: wrong dims, another dtype and short buffers are typed errors naming the
+/// argument, and dx is left as it was. (Both windows pool 8x16 to 4x8.)
 #[test]
 fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
     let pools = [
@@ -1930,9 +2016,13 @@ fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
             let (xd, yd) = (desc(f16_, 16, [8, 16]), desc(f16_, 16, [4, 8]));
             for pool in pools {
                 let mode = pool.mode();
-                if h.is_gpu() && pool.window() == [3, 3] && layout == Layout::ChannelsFirst {
+                if h.is_gpu() && pool.window() == [3, 3] {
                     let kernel = pooling_backward_kernel(h, None, &pool, &xd, &yd, &yd, &xd);
-                    assert_eq!(kernel.unwrap(), "pooling_bwd_walk_max_3x3s2p1_f16");
+                    let how = match layout {
+                        Layout::ChannelsFirst => "walk_max_3x3s2p1",
+                        Layout::ChannelsLast => "walk_vec_max_3x3s2",
+                    };
+                    assert_eq!(kernel.unwrap(), format!("pooling_bwd_{how}_f16"));
                 }
                 let (x, y, dy) = (
                     h.alloc(&xd).unwrap(),

@@ -50,6 +50,10 @@
 //!   band of rows of windows of one plane walks down it, each lane owning one vector of
 //!   every row, the rows shared by consecutive rows of windows kept in registers, the
 //!   columns beside a lane's vector exchanged by shuffles.
+//! - `pooling_bwd_walk_vec_max_3x3s2_*`: the max backward of 3x3 windows at stride 2 over
+//!   channel vectors (NHWC): a thread per column of cells (the two dx columns from a
+//!   window's start), 8-byte vector of channels and band of rows of windows walks down the
+//!   band, the x row shared by consecutive rows of windows kept in registers.
 //! - `pooling_bwd_tile_max_*` (and `_vec_`): max through shared memory, a block per tile
 //!   of cells: each window's winner found once, then gathered by the tile's dx elements.
 //! - `pooling_bwd_band_max_*`: max of 2-D windows over single channels through shared
@@ -74,8 +78,9 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    pooling_global_stage_bytes, pooling_walk_columns, PoolCoord, PoolWindow, PoolingBwdParams,
-    PoolingFwdParams, PoolingGlobalParams, PoolingKind, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    pooling_global_stage_bytes, pooling_walk_columns, pooling_walk_vec_channels, PoolCoord,
+    PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
+    POOLING_MAX_CELL, POOLING_REGION_CELLS,
 };
 
 const _: () = assert!(
@@ -1718,14 +1723,15 @@ fn disjoint_grad<const OP: u32>(w: &PoolWindow, g: f32, valid: bool, won: bool) 
 }
 
 /// Per channel, the first of a window's `n` vectors of `K` channels (a compile-time
-/// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) equal to the
-/// window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether a NaN must count as
-/// equal to a NaN (some y is NaN); without, `==` on the elements as loaded (two 16-bit ones
-/// an instruction).
+/// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) that is `inside`
+/// x and equal to the window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether
+/// a NaN must count as equal to a NaN (some y is NaN); without, `==` on the elements as
+/// loaded (two 16-bit ones an instruction).
 #[inline(always)]
 fn first_equal_channels<T: Element, const K: usize, const NAN: bool>(
     n: usize,
     x: impl Fn(usize) -> Vec16,
+    inside: impl Fn(usize) -> bool,
     y_raw: Vec16,
 ) -> [u32; K] {
     let y = T::unpack::<K>(y_raw);
@@ -1739,7 +1745,7 @@ fn first_equal_channels<T: Element, const K: usize, const NAN: bool>(
             T::equal::<K>(x(j), y_raw)
         };
         crate::unrolled!(k in K => {
-            if same[k] {
+            if inside(j) & same[k] {
                 first[k] = j as u32;
             }
         });
@@ -1960,9 +1966,9 @@ unsafe fn bwd_cell_vec_disjoint<
             let mut nan = false;
             crate::unrolled!(k in K => nan |= y[k] != y[k]);
             winner = if nan {
-                first_equal_channels::<T, K, true>(WD * S * S, x_at, y_raw)
+                first_equal_channels::<T, K, true>(WD * S * S, x_at, |_| true, y_raw)
             } else {
-                first_equal_channels::<T, K, false>(WD * S * S, x_at, y_raw)
+                first_equal_channels::<T, K, false>(WD * S * S, x_at, |_| true, y_raw)
             };
         }
         let dx_row = row_offset(&p.dx, n, c * K as u32);
@@ -2188,6 +2194,195 @@ unsafe fn bwd_walk_max<
     }
     let row0 = top(first + walk.steps as i32);
     crate::unrolled!(r in carry => store_row(row0 + r as i32, sums[r]));
+}
+
+/// Max backward of square 2-D windows, `WIN x WIN` at strides `S x S` with `S < WIN` (any
+/// padding; the depth window 1), over channel vectors (every operand channel-contiguous,
+/// `K` channels a thread, `pooling_walk_vec_channels`): a thread per cell column (the `S`
+/// dx columns from the start of a window along w), vector of channels and band of rows of
+/// windows walks down the band (see `PoolWalk`; `lanes` unused), a row of windows a step.
+///
+/// The `P = ceil(WIN / S)` windows of a row that overlap the thread's columns cover
+/// `R = (P - 1) * S + WIN` x columns (clamped into x, as [`bwd_cell_region_vec`]'s). A
+/// step loads the `S` x rows its row of windows does not share with the one before (`R`
+/// vectors each) and the `P` windows' y and dy, a step ahead: they are in flight while
+/// the step before computes. (No `LoadFence` holds them back until the whole group has
+/// landed: with one, the stem's f16 backward took 67.4 against 56.0 µs on an H100.) The
+/// `WIN - S` shared rows stay in registers with their dx sums, so the thread reads each x
+/// row it needs once, and neighbouring threads' shared columns come from the same warp's
+/// loads (L1), where the cell kernel reloads the `R x R` region of every cell from L2
+/// (3x3/s2: 25 x vectors for 4 dx vectors, here 10). Each window's winner (its first
+/// element inside x equal to its y, per channel) is found once per thread, and its dy
+/// added to the winner where that is one of the thread's columns; the `S` rows that no
+/// later window reads are stored.
+///
+/// Band by band as [`bwd_walk_max`]: a band owns dx rows from its first row of windows'
+/// first row (row 0 for the first band) to the next band's (the input's end for the
+/// last), and walks from the rows of windows before its own whose rows it shares through
+/// one past its own.
+///
+/// # Safety
+/// As `pooling_bwd_cell_vec_max_*`, with `items` counting (channels last) vectors of `K`
+/// channels, the depth, bands of `walk.window_rows` rows of windows and cell columns
+/// (`(input[2] - 1 + pad[2]) / S + 1`), and `walk.steps` at least the band's rows of
+/// windows plus `(WIN - 1) / S + 1`; the window as above (`window = [1, WIN, WIN]`,
+/// `stride = [1, S, S]`, `pad[0] = 0`, or any stride along a dim with one window) and x
+/// and y of the same depth: checked by the host.
+#[inline(always)]
+unsafe fn bwd_walk_vec_max<
+    T: Element,
+    const K: usize,
+    const WIN: usize,
+    const S: usize,
+    const P: usize,
+    const R: usize,
+>(
+    p: &PoolingBwdParams,
+    x: *const T,
+    y: *const T,
+    dy: *const T,
+    dx: *mut T,
+) {
+    const { assert!(P == WIN.div_ceil(S) && R == (P - 1) * S + WIN && S < WIN) };
+    // Rows a row of windows shares with the next, the thread's columns in the region (after
+    // the first P - 1 windows'), and rows of windows before a band whose rows it shares.
+    let carry = const { WIN - S };
+    let own = const { (P - 1) * S };
+    let before = const { (WIN - 1) / S } as i32;
+    let (w, walk) = (&p.win, &p.walk);
+    let i = global_thread_x();
+    if i >= p.items.len as u64 {
+        return;
+    }
+    let PoolCoord { n, c, s } = p.items.at(i as u32);
+    let [depth, band, cell] = s;
+    let c = c * K as u32;
+    let (height, out_h) = (w.input[1] as i32, w.output[1]);
+    let oh0 = band * walk.window_rows;
+    let oh1 = (oh0 + walk.window_rows).min(out_h);
+    // First row of the windows of row `oh`.
+    let top = |oh: i32| S as i32 * oh - w.pad[1] as i32;
+    // The dx rows this thread stores, and the x rows its windows read.
+    let lo = if band == 0 { 0 } else { top(oh0 as i32) };
+    let hi = if oh1 == out_h {
+        height
+    } else {
+        top(oh1 as i32)
+    };
+    let x_end = (top(oh1 as i32 - 1) + WIN as i32).min(height);
+    // The windows' columns and the region's, clamped into y and x (a clamped element
+    // re-reads an edge one and never wins; a clamped window adds nothing).
+    let first = cell as i32 - (P - 1) as i32;
+    let (window_col, window_col_in) = clamped::<P>(first, w.output[2]);
+    let (col, col_in) = clamped::<R>(first * S as i32 - w.pad[2] as i32, w.input[2]);
+    let base = |t: &[u32; 5]| row_offset(t, n, c) + depth * t[2];
+    let (x_base, dx_base) = (base(&p.x), base(&p.dx));
+    let (y_base, dy_base) = (base(&p.y), base(&p.dy));
+    // Whether the band's windows read x row `row`, and the window `b` of row `oh` is one of
+    // the band's (or of the rows of windows before it).
+    let read = |row: i32| (row >= 0) & (row < x_end);
+    let live = |oh: i32, b: usize| (oh >= 0) & (oh < oh1 as i32) & window_col_in[b];
+    let x_row = #[inline(always)]
+    |row: i32| -> [Vec16; R] {
+        let at = |q: usize| x_base + row as u32 * p.x[3] + col[q] * p.x[4];
+        let read = read(row);
+        core::array::from_fn(|q| {
+            if read {
+                T::load_raw::<K>(x.add(at(q) as usize), true)
+            } else {
+                [0; 4]
+            }
+        })
+    };
+    // What row `oh` of windows loads: its `S` x rows below the shared ones and its live
+    // windows' y and dy.
+    let fetch = #[inline(always)]
+    |oh: i32| -> ([[Vec16; R]; S], ([Vec16; P], [Vec16; P])) {
+        let rows = core::array::from_fn(|r| x_row(top(oh) + (carry + r) as i32));
+        let (mut ys, mut gs) = ([[0; 4]; P], [[0; 4]; P]);
+        crate::unrolled!(b in P => {
+            if live(oh, b) {
+                let at = |t: &[u32; 5]| (oh as u32 * t[3] + window_col[b] * t[4]) as usize;
+                ys[b] = T::load_raw::<K>(y.add(y_base as usize + at(&p.y)), true);
+                gs[b] = T::load_raw::<K>(dy.add(dy_base as usize + at(&p.dy)), true);
+            }
+        });
+        (rows, (ys, gs))
+    };
+    // Stores dx row `row` from its sums over the thread's columns (unblended, without
+    // multiplies, where alpha is 1 and beta 0).
+    let plain = (w.alpha == 1.0) & (w.beta == 0.0);
+    let store_row = #[inline(always)]
+    |row: i32, sums: &[[f32; K]; S]| {
+        if (row >= lo) & (row < hi) {
+            crate::unrolled!(q in S => {
+                if col_in[own + q] {
+                    let at = dx_base + row as u32 * p.dx[3] + col[own + q] * p.dx[4];
+                    if plain {
+                        store::<T, K>(dx.add(at as usize), sums[q]);
+                    } else {
+                        store_blended::<T, K>(w, dx.add(at as usize), sums[q]);
+                    }
+                }
+            });
+        }
+    };
+
+    let first = oh0 as i32 - before;
+    let mut xs = [[[0u32; 4]; R]; WIN];
+    let mut xs_in = [false; WIN];
+    let mut sums = [[[0.0f32; K]; S]; WIN];
+    crate::unrolled!(r in carry => {
+        let row = top(first) + r as i32;
+        (xs[r], xs_in[r]) = (x_row(row), read(row));
+    });
+    // Each step's loads are issued a step ahead, in flight while the step before computes.
+    let mut next = fetch(first);
+    for step in 0..walk.steps as i32 {
+        let oh = first + step;
+        let row0 = top(oh);
+        let (rows, (ys, gs)) = next;
+        next = fetch(oh + 1);
+        crate::unrolled!(r in S => {
+            xs[carry + r] = rows[r];
+            xs_in[carry + r] = read(row0 + (carry + r) as i32);
+        });
+        crate::unrolled!(b in P => {
+            // Window `b`'s element `e = (r, q)` is the region's column `S * b + q` of row `r`.
+            let x_at = |e: usize| xs[e / WIN][S * b + e % WIN];
+            let inside = |e: usize| xs_in[e / WIN] & col_in[S * b + e % WIN];
+            let y_raw = ys[b];
+            let yv = T::unpack::<K>(y_raw);
+            let nan = (0..K).fold(false, |nan, k| nan | (yv[k] != yv[k]));
+            let winner = if nan {
+                first_equal_channels::<T, K, true>(WIN * WIN, x_at, inside, y_raw)
+            } else {
+                first_equal_channels::<T, K, false>(WIN * WIN, x_at, inside, y_raw)
+            };
+            // A window that is not the band's adds nothing.
+            let g = T::unpack::<K>(gs[b]).map(|g| if live(oh, b) { g } else { 0.0 });
+            // Selects, not a branch per winner (sums start at +0: adding 0 keeps them).
+            crate::unrolled!(e in WIN * WIN => {
+                let q = S * b + e % WIN;
+                if (own..own + S).contains(&q) {
+                    crate::unrolled!(k in K => {
+                        let won = winner[k] == e as u32;
+                        sums[e / WIN][q - own][k] += if won { g[k] } else { 0.0 };
+                    });
+                }
+            });
+        });
+        // Rows `row0 .. row0 + S` are in no later window: store them, move the shared ones
+        // up.
+        crate::unrolled!(r in S => store_row(row0 + r as i32, &sums[r]));
+        crate::unrolled!(r in carry => {
+            (xs[r], xs_in[r]) = (xs[r + S], xs_in[r + S]);
+            sums[r] = sums[r + S];
+        });
+        crate::unrolled!(r in S => sums[carry + r] = [[0.0; K]; S]);
+    }
+    let row0 = top(first + walk.steps as i32);
+    crate::unrolled!(r in carry => store_row(row0 + r as i32, &sums[r]));
 }
 
 /// Max backward through shared memory: a block takes a tile of cells of one image and run
@@ -3110,3 +3305,26 @@ macro_rules! walk_entry_points {
 }
 
 crate::for_each_dtype!(walk_entry_points);
+
+/// The shapes of `pooling_bwd_walk_vec_max_<W>x<W>s<S>_*` ([`bwd_walk_vec_max`]): (window,
+/// stride, windows over a cell column `P`, region columns `R`).
+macro_rules! walk_vec_entry_points {
+    ($dt:ident, $T:ty) => {
+        walk_vec_entry_points!(@each $dt, $T, (3, 2, 2, 5));
+    };
+    (@each $dt:ident, $T:ty, $(($win:literal, $s:literal, $p:literal, $r:literal))*) => {
+        paste::paste! { $(
+            /// # Safety
+            /// As `bwd_walk_vec_max`, for the window and stride in the name.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<pooling_bwd_walk_vec_max_ $win x $win s $s _ $dt>](
+                p: PoolingBwdParams, x: *const $T, y: *const $T, dy: *const $T, dx: *mut $T,
+            ) {
+                const K: usize = pooling_walk_vec_channels(size_of::<$T>());
+                bwd_walk_vec_max::<$T, K, $win, $s, $p, $r>(&p, x, y, dy, dx)
+            }
+        )* }
+    };
+}
+
+crate::for_each_dtype!(walk_vec_entry_points);

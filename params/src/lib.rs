@@ -61,12 +61,12 @@ pub use matmul::{
 };
 pub use philox::philox4x32_10;
 pub use pooling::{
-    pooling_global_lane_fits, pooling_global_stage_bytes, pooling_walk_columns, PoolBand,
-    PoolCoord, PoolItems, PoolTile, PoolWalk, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, POOLING_BAND_RUN, POOLING_CELL_VECTOR,
-    POOLING_GLOBAL_LANE_ELEMENTS, POOLING_GLOBAL_LOADS, POOLING_GLOBAL_STAGED_LEN,
-    POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS, POOLING_STRIPS_PER_TURN,
-    POOLING_WINDOWS_PER_TURN,
+    pooling_global_lane_fits, pooling_global_stage_bytes, pooling_walk_columns,
+    pooling_walk_vec_channels, PoolBand, PoolCoord, PoolItems, PoolTile, PoolWalk, PoolWindow,
+    PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind, POOLING_BAND_RUN,
+    POOLING_CELL_VECTOR, POOLING_GLOBAL_LANE_ELEMENTS, POOLING_GLOBAL_LOADS,
+    POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS,
+    POOLING_STRIPS_PER_TURN, POOLING_WINDOWS_PER_TURN,
 };
 pub use rows::{MAP_SLOTS, ROW_BLOCK_THREADS, STREAM_SLOTS, STREAM_WARPS, VEC_SLOTS};
 pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};

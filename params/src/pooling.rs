@@ -283,6 +283,14 @@ pub const fn pooling_walk_columns(size: usize) -> usize {
     16 / size
 }
 
+/// Channels each thread of a `pooling_bwd_walk_vec_max_*` kernel takes, for elements of
+/// `size` bytes: 8 bytes (2 f32, 4 of a 16-bit type), so that two blocks fit an SM's
+/// registers (with 16 bytes, one: the stem's f16 backward took 57.1 against 56.0 µs on
+/// an H100).
+pub const fn pooling_walk_vec_channels(size: usize) -> usize {
+    8 / size
+}
+
 /// The walk of a `pooling_bwd_walk_max_*` kernel: the max backward of 2-D windows over
 /// single channels whose rows fit one warp's lanes. A group of `lanes` consecutive lanes (a
 /// power of two up to 32) takes, in thread order, the band `items.at(group) = (n, c, [d,

@@ -34,7 +34,9 @@
 //! cells whose windows' winners are found once into shared memory. The max of 3x3 windows
 //! at stride 2 over rows of up to 32 16-byte vectors (ResNet's stem) walks down bands of
 //! rows, a group of lanes per band owning one vector of each row, each x, y, dy and dx
-//! element read or written once with the shared rows kept in registers. Disjoint windows
+//! element read or written once with the shared rows kept in registers; over channel
+//! vectors (NHWC), the same windows walk down bands of rows a thread per column of cells
+//! and vector of channels. Disjoint windows
 //! (window = stride, unpadded: 2x2 and 2x2x2), where each dx element is under one window
 //! at most, take kernels of their own in both layouts that read each window's dy (and y
 //! and x, for the max) once and write every dx element under it as vectors.
@@ -65,11 +67,12 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    pooling_global_lane_fits, pooling_global_stage_bytes, pooling_walk_columns, FastDivisor,
-    PoolBand, PoolItems, PoolTile, PoolWalk, PoolWindow, PoolingBwdParams, PoolingFwdParams,
-    PoolingGlobalParams, PoolingKind, BLOCK_THREADS, POOLING_BAND_RUN, POOLING_CELL_VECTOR,
-    POOLING_GLOBAL_LOADS, POOLING_GLOBAL_STAGED_LEN, POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL,
-    POOLING_REGION_CELLS, POOLING_STRIPS_PER_TURN, POOLING_WINDOWS_PER_TURN,
+    pooling_global_lane_fits, pooling_global_stage_bytes, pooling_walk_columns,
+    pooling_walk_vec_channels, FastDivisor, PoolBand, PoolItems, PoolTile, PoolWalk, PoolWindow,
+    PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind, BLOCK_THREADS,
+    POOLING_BAND_RUN, POOLING_CELL_VECTOR, POOLING_GLOBAL_LOADS, POOLING_GLOBAL_STAGED_LEN,
+    POOLING_GLOBAL_STAGED_WARPS, POOLING_MAX_CELL, POOLING_REGION_CELLS, POOLING_STRIPS_PER_TURN,
+    POOLING_WINDOWS_PER_TURN,
 };
 
 /// The most spatial dims a pooling descriptor has.
@@ -1201,15 +1204,16 @@ fn cells(g: &Geometry) -> [usize; 3] {
 /// The algorithm [`pooling_backward`] runs (`vectors`: the operands take the 16-byte
 /// channel-vector kernels), as measured on an H100 (`benches/pooling_vs_cudnn.rs` with
 /// `OXIDNN_BENCH_POOLING_ALGOS=1`). Max, for windows small enough to scan once each (64
-/// elements) and not global: over channel vectors, a thread per cell where a cell kernel
-/// is compiled for the window shape (winners found in registers: 89 against 150 µs for the
-/// tiles on 3x3/s2 f16 NHWC, 88 against 149 on 2x2/s2; disjoint 2x2 and 2x2x2 windows take
-/// [`disjoint_kernel`]), else shared-memory tiles (each
-/// window scanned once for all the cells it overlaps: 1.4x faster than the generic cells
-/// on 3x3/s2 f16 NHWC); over
-/// single channels, the walk down bands of rows where a walk kernel takes the window and
-/// the rows ([`walk_plan`]: 66 against 136 µs for the cells on 3x3/s2/p1 f16 NCHW), else
-/// bands of rows for the stride-1 windows with band kernels of their own
+/// elements) and not global: the walk down bands of rows where a walk kernel takes the
+/// window and the operands (`walk`: over channel vectors, [`walk_vec_plan`]: 56 against 89
+/// µs for the cells on 3x3/s2/p1 f16 NHWC; over single channels, [`walk_plan`]: 66 against
+/// 136 µs for the cells on 3x3/s2/p1 f16 NCHW); over channel vectors, a thread per cell
+/// where a cell kernel is compiled for the window shape (winners found in registers: 89
+/// against 150 µs for the tiles on 3x3/s2 f16 NHWC, 88 against 149 on 2x2/s2; disjoint 2x2
+/// and 2x2x2 windows take [`disjoint_kernel`]), else shared-memory tiles (each window
+/// scanned once for all the cells it overlaps: 1.4x faster than the generic cells on
+/// 3x3/s2 f16 NHWC); over single channels, bands of rows for the stride-1 windows with
+/// band kernels of their own
 /// (each x element staged once, where a cell kernel's threads each reload their windows':
 /// 61 against 112 µs on 3x3/s1/p1 f32 NCHW), a thread per cell where cells are small (a
 /// few percent faster than the tiles, which amortise less over one channel; 3.7x for the
@@ -1231,11 +1235,11 @@ fn default_algo(
     if pooling.mode.is_max() {
         if g.is_global() || g.volume() > 64 {
             PoolingBwdAlgo::Gather
-        } else if vectors && (disjoint_window(g).is_some() || cell_region_vec_shape(g).is_some()) {
-            PoolingBwdAlgo::Cell
         } else if walk || (!vectors && band_s1_shape(g).is_some() && band_plan(g).is_some()) {
             PoolingBwdAlgo::Tile
-        } else if !vectors && cell <= POOLING_MAX_CELL {
+        } else if (vectors && (disjoint_window(g).is_some() || cell_region_vec_shape(g).is_some()))
+            || (!vectors && cell <= POOLING_MAX_CELL)
+        {
             PoolingBwdAlgo::Cell
         } else {
             PoolingBwdAlgo::Tile
@@ -1409,30 +1413,78 @@ fn walk_plan(
     else {
         return Ok(None);
     };
-    // Rows of windows a band shares with the one before.
-    let shared = (g.window[1] - 1) / g.stride[1];
     let lanes = (g.input[2] / v).next_power_of_two();
     let warps = resident_with(gpu, kernel, BLOCK_THREADS, 0)? * BLOCK_THREADS as usize / 32;
     let at_once = gpu.sm_count as usize * warps * (32 / lanes);
     let planes = g.n * g.c * g.input[0];
-    let out_h = g.output[1];
-    let cost = |bands: usize| {
-        let steps = out_h.div_ceil(bands) + shared + 1;
-        (planes * bands).div_ceil(at_once) * steps
-    };
-    let bands = (1..=out_h).min_by_key(|&b| cost(b)).unwrap_or(1);
-    let window_rows = out_h.div_ceil(bands);
-    let bands = out_h.div_ceil(window_rows);
+    let (bands, walk) = walk_bands(g, planes, at_once);
     let walk = PoolWalk {
         lanes: lanes as u32,
-        window_rows: window_rows as u32,
-        steps: (window_rows + shared + 1) as u32,
+        ..walk
     };
     Ok(Some((
         kernel,
         walk,
         items([g.n, g.c, g.input[0], bands, 1], false)?,
     )))
+}
+
+/// The max backward that walks down bands of rows over channel vectors
+/// (`bwd_walk_vec_max`), if its kernel is compiled for the window (3x3 at stride 2, any
+/// padding: ResNet's stem) and every operand keeps its channels in vectors of
+/// `pooling_walk_vec_channels` (`vectors`): a thread per cell column (the two dx columns
+/// from a window's start), vector of channels and band of rows of windows. Each thread
+/// reads the x rows its windows cover once, keeping the row shared by consecutive rows of
+/// windows in registers, where the cell kernel reloads the 5x5 x positions around every
+/// 2x2 cell (mostly from L2): 88.8 -> 56.0 µs on the stem's f16 NHWC backward (H100).
+/// Bands as [`walk_plan`]'s, a thread for a group (2 bands of 28 rows of windows there,
+/// two blocks an SM).
+fn walk_vec_plan(
+    g: &Geometry,
+    dtype: DataType,
+    vectors: bool,
+    gpu: &Gpu,
+) -> Result<Option<(&'static str, PoolWalk, PoolItems)>> {
+    // Where the output has one row (or column) of windows, the geometry's stride along it
+    // is 1, and any stride is the kernel's.
+    let stride2 = |k: usize| g.stride[k] == 2 || g.output[k] == 1;
+    let compiled = g.window == [1, 3, 3] && stride2(1) && stride2(2) && g.planes_pass_through();
+    let Some(kernel) =
+        kernels::pooling_bwd_walk_vec_max_3x3s2(dtype).filter(|_| vectors && compiled)
+    else {
+        return Ok(None);
+    };
+    let at_once = gpu.sm_count as usize
+        * resident_with(gpu, kernel, BLOCK_THREADS, 0)?
+        * BLOCK_THREADS as usize;
+    let cells_w = (g.input[2] - 1 + g.pad[2]) / 2 + 1;
+    let channel_vectors = g.c / pooling_walk_vec_channels(dtype.size_bytes());
+    let (bands, walk) = walk_bands(g, g.n * channel_vectors * g.input[0] * cells_w, at_once);
+    let items = items([g.n, channel_vectors, g.input[0], bands, cells_w], true)?;
+    Ok(Some((kernel, walk, items)))
+}
+
+/// The bands of rows of windows a walk takes (`PoolWalk`'s rows of windows and steps, and
+/// how many bands), for `groups` groups a band of which `at_once` fit the GPU at once.
+/// Every group walks its band's rows of windows plus the ones before (whose rows it
+/// shares) and one past its end, and the groups run in waves, each as long as a band: the
+/// bands are those of the fewest waves times steps (fewer bands on a tie).
+fn walk_bands(g: &Geometry, groups: usize, at_once: usize) -> (usize, PoolWalk) {
+    // Rows of windows a band shares with the one before.
+    let shared = (g.window[1] - 1) / g.stride[1];
+    let out_h = g.output[1];
+    let cost = |bands: usize| {
+        let steps = out_h.div_ceil(bands) + shared + 1;
+        (groups * bands).div_ceil(at_once.max(1)) * steps
+    };
+    let bands = (1..=out_h).min_by_key(|&b| cost(b)).unwrap_or(1);
+    let window_rows = out_h.div_ceil(bands);
+    let walk = PoolWalk {
+        lanes: 1,
+        window_rows: window_rows as u32,
+        steps: (window_rows + shared + 1) as u32,
+    };
+    (out_h.div_ceil(window_rows), walk)
 }
 
 fn backward_plan(
@@ -1455,10 +1507,14 @@ fn backward_plan(
     let vectors = |k: usize| aligned && channel_vectors(g.c, k, read);
     // Whether the operands take 16-byte channel vectors.
     let vectors16 = vectors(16 / dtype.size_bytes());
-    let walk = if max {
-        walk_plan(g, dtype, &strides[0], &strides[3], aligned, gpu)?
-    } else {
+    // The max backward's walks: over rows of single channels, else over channel vectors.
+    let walk = if !max {
         None
+    } else if let Some(rows) = walk_plan(g, dtype, &strides[0], &strides[3], aligned, gpu)? {
+        Some(rows)
+    } else {
+        let k = pooling_walk_vec_channels(dtype.size_bytes());
+        walk_vec_plan(g, dtype, vectors(k), gpu)?
     };
     let algo = algo.unwrap_or_else(|| default_algo(pooling, g, vectors16, walk.is_some()));
     match algo {
@@ -1507,9 +1563,10 @@ fn backward_plan(
         (Cell, false, true) => cell_region_kernel(g, dtype),
         _ => None,
     };
-    // Over single channels, the tile backward walks down bands of rows in registers where
-    // a walk kernel takes them, else stages bands of whole rows where they fit.
-    if let (Tile, false, Some((kernel, walk, items))) = (algo, vec, walk) {
+    // The tile backward walks down bands of rows in registers where a walk kernel takes
+    // them (over single channels or channel vectors), else, over single channels, stages
+    // bands of whole rows where they fit.
+    if let (Tile, Some((kernel, walk, items))) = (algo, walk) {
         let threads = items.len as u64 * walk.lanes as u64;
         return Ok(BackwardPlan {
             kernel,
