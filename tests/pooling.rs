@@ -1293,6 +1293,28 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
     });
 }
 
+/// The pooling of a walk test case: 3x3 max windows at stride 2 padded `[h, w]` over
+/// `dims` (a depth window of 1 for 3-D dims), in both max modes, or only `Max` for a
+/// `large` case.
+fn walk_pools([ph, pw]: [usize; 2], dims: &[usize], large: bool) -> Vec<PoolingDescriptor> {
+    let (window, padding, strides) = if dims.len() == 5 {
+        (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
+    } else {
+        (vec![3, 3], vec![ph, pw], vec![2, 2])
+    };
+    let modes: &[PoolingMode] = if large {
+        &[PoolingMode::Max]
+    } else {
+        &[PoolingMode::Max, PoolingMode::MaxDeterministic]
+    };
+    modes
+        .iter()
+        .map(|&mode| {
+            PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides).unwrap()
+        })
+        .collect()
+}
+
 /// A case of the walk tests: the padding `[h, w]` of a 3x3 window at stride 2 (a depth
 /// window of 1 for 3-D dims), dims, the extra elements between x's (and dx's) rows, and
 /// whether y and dy have gaps between their rows.
@@ -1327,21 +1349,9 @@ fn gpu_walk_backward_matches_the_reference() {
             ([1, 1], &[2, 3, 11, 18], 0, false),
             ([1, 1], &[2, 3, 11, 24], 2, false),
         ];
-        for ([ph, pw], dims, gap, y_gaps) in cases {
-            let (window, padding, strides) = if dims.len() == 5 {
-                (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
-            } else {
-                (vec![3, 3], vec![ph, pw], vec![2, 2])
-            };
-            // The large case once, the others in both max modes.
-            let modes: &[PoolingMode] = if dims[0] * dims[1] > 100 {
-                &[PoolingMode::Max]
-            } else {
-                &[PoolingMode::Max, PoolingMode::MaxDeterministic]
-            };
-            for &mode in modes {
-                let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides)
-                    .unwrap();
+        for (padding, dims, gap, y_gaps) in cases {
+            for pool in walk_pools(padding, dims, dims[0] * dims[1] > 100) {
+                let pw = padding[1];
                 for dt in DataType::GPU {
                     // Rows (and the gaps between them) of whole 16-byte vectors, 32 at most.
                     let row = dims[dims.len() - 1] * dt.size_bytes();
@@ -1404,22 +1414,9 @@ fn gpu_walk_vec_backward_matches_the_reference() {
             ([1, 1], &[10, 64, 37, 99], false, false),
             ([1, 1], &[2, 6, 9, 9], false, false),
         ];
-        for ([ph, pw], dims, x_gaps, y_gaps) in cases {
-            let (window, padding, strides) = if dims.len() == 5 {
-                (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
-            } else {
-                (vec![3, 3], vec![ph, pw], vec![2, 2])
-            };
-            // The large case once, the others in both max modes.
+        for (padding, dims, x_gaps, y_gaps) in cases {
             let large = dims.iter().product::<usize>() > 1 << 20;
-            let modes: &[PoolingMode] = if large {
-                &[PoolingMode::Max]
-            } else {
-                &[PoolingMode::Max, PoolingMode::MaxDeterministic]
-            };
-            for &mode in modes {
-                let pool = PoolingDescriptor::new_nd(mode, PROPAGATE, &window, &padding, &strides)
-                    .unwrap();
+            for pool in walk_pools(padding, dims, large) {
                 for dt in DataType::GPU {
                     for (data, ab) in DATA_AND_BLENDS {
                         let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
