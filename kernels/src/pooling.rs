@@ -2226,8 +2226,9 @@ unsafe fn bwd_walk_max<
 /// channels, the depth, bands of `walk.window_rows` rows of windows and cell columns
 /// (`(input[2] - 1 + pad[2]) / S + 1`), and `walk.steps` at least the band's rows of
 /// windows plus `(WIN - 1) / S + 1`; the window as above (`window = [1, WIN, WIN]`,
-/// `stride = [1, S, S]`, `pad[0] = 0`, or any stride along a dim with one window) and x
-/// and y of the same depth: checked by the host.
+/// `stride = [1, S, S]`, `pad[0] = 0`, or any stride along a dim with one window; the
+/// padding below the window, as every descriptor's) and x and y of the same depth:
+/// checked by the host.
 #[inline(always)]
 unsafe fn bwd_walk_vec_max<
     T: Element,
@@ -2262,7 +2263,8 @@ unsafe fn bwd_walk_vec_max<
     let oh1 = (oh0 + walk.window_rows).min(out_h);
     // First row of the windows of row `oh`.
     let top = |oh: i32| S as i32 * oh - w.pad[1] as i32;
-    // The dx rows this thread stores, and the x rows its windows read.
+    // The dx rows this thread stores (`lo >= 0`: the padding is below the window), and the
+    // x rows its windows read.
     let lo = if band == 0 { 0 } else { top(oh0 as i32) };
     let hi = if oh1 == out_h {
         height
@@ -2272,9 +2274,9 @@ unsafe fn bwd_walk_vec_max<
     let x_end = (top(oh1 as i32 - 1) + WIN as i32).min(height);
     // The windows' columns and the region's, clamped into y and x (a clamped element
     // re-reads an edge one and never wins; a clamped window adds nothing).
-    let first = cell as i32 - (P - 1) as i32;
-    let (window_col, window_col_in) = clamped::<P>(first, w.output[2]);
-    let (col, col_in) = clamped::<R>(first * S as i32 - w.pad[2] as i32, w.input[2]);
+    let first_col = cell as i32 - (P - 1) as i32;
+    let (window_col, window_col_in) = clamped::<P>(first_col, w.output[2]);
+    let (col, col_in) = clamped::<R>(first_col * S as i32 - w.pad[2] as i32, w.input[2]);
     let base = |t: &[u32; 5]| row_offset(t, n, c) + depth * t[2];
     let (x_base, dx_base) = (base(&p.x), base(&p.dx));
     let (y_base, dy_base) = (base(&p.y), base(&p.dy));

@@ -1723,8 +1723,10 @@ fn launch_backward(
     // rows as vectors only where x allows them too); the band kernel only on 2-D
     // windows, with the shared memory band_plan sized for its rows; the walk kernels only
     // on x and dx rows of whole aligned 16-byte vectors, no more than the group's lanes
-    // (walk_plan), its groups counting the bands of dx's planes; the flat global average
-    // only on aligned dx whose planes lie back to back, its items counting dx's elements
-    // and plane_len their planes' volume.
+    // (walk_plan), its groups counting the bands of dx's planes, and the channel-vector
+    // walk only on 3x3 windows over aligned channel vectors of its width, its items
+    // counting them, the depth, the bands and the cell columns (walk_vec_plan); the flat
+    // global average only on aligned dx whose planes lie back to back, its items counting
+    // dx's elements and plane_len their planes' volume.
     unsafe { gpu.launch(plan.kernel, plan.cfg, &p, ptrs) }
 }
