@@ -299,6 +299,12 @@ pub const fn pooling_walk_vec_channels(size: usize) -> usize {
 /// columns `l * pooling_walk_columns(size) ..`. Every group of a launch walks `steps` rows
 /// of windows (the band's, the ones before it whose rows it shares, and one after), so
 /// that a warp's lanes stay converged.
+///
+/// The walk of a `pooling_bwd_walk_vec_max_*` kernel, over channel vectors: one thread a
+/// group (`lanes` 1, unused), `items.at(thread) = (n, v, [d, band, cell])` (`items` counts
+/// `[n, c / pooling_walk_vec_channels(size), d, bands, cells]`, channels last), the windows
+/// of the same rows over the `stride` columns of x from the start of window `cell` along
+/// w, `pooling_walk_vec_channels(size)` channels from `v` times as many.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PoolWalk {
@@ -328,7 +334,8 @@ pub struct PoolWalk {
 /// (see [`PoolBand`]), x and the windows through shared memory.
 ///
 /// `pooling_bwd_walk_max_<W>x<W>s<S>p<P>_*`: a group of lanes per band of rows of windows
-/// of one plane (see [`PoolWalk`]).
+/// of one plane (see [`PoolWalk`]). `pooling_bwd_walk_vec_max_<W>x<W>s<S>_*`: one thread per
+/// band, column of cells and channel vector (see [`PoolWalk`]).
 ///
 /// `pooling_bwd_cell_*` (and `_vec_`): one thread per *cell*: the `stride[0] x stride[1] x
 /// stride[2]` block of dx elements from `cell * stride - pad` (cells tile the input
