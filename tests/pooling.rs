@@ -1391,7 +1391,7 @@ type WalkVecCase = ([usize; 2], &'static [usize], bool, bool);
 /// even extents (windows hanging past the edges, a row and a column under no window),
 /// paddings of 0 to 2, one row or column, channels of one vector and of several, bands of
 /// one row of windows (few pixels) and of several with a short last one (10x64x37x99:
-/// 8000 f16 threads a band, 4 bands of 5, 5, 5 and 4 rows of windows on an H100), 3-D
+/// 8000 f16 threads a band, 6 bands of 3 rows of windows and one of 1 on an H100), 3-D
 /// tensors with a depth window of 1, gaps between pixels; ties, NaN and blends, every
 /// dtype, both max modes. Channels that are not whole vectors (6 f16) take another
 /// kernel.
