@@ -12,6 +12,11 @@ if [ -f "$here/bundle.tar.xz" ]; then
   here="$work"
 fi
 mkdir -p "$logs"
+# cuDNN from a pip wheel (PyTorch's, say) when none is on the loader's path.
+if ! ldconfig -p 2>/dev/null | grep -q libcudnn.so.9; then
+  cudnn=$(find /opt /usr/local /usr/lib -name libcudnn.so.9 2>/dev/null | head -1)
+  [ -n "$cudnn" ] && export LD_LIBRARY_PATH="$(dirname "$cudnn")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$logs/gpu.txt"
 passed=0; failed=0; status=0
 for t in "$here"/tests/*; do

@@ -936,12 +936,16 @@ fn gpu_every_kernel_matches_the_reference() {
                 }
                 _ => None,
             };
-            // Over channel vectors, 3x3 windows at stride 2 (any padding) walk down bands
-            // of rows.
-            let walk_vec = matches!(
-                (window, stride, padding),
-                (&[1, 3, 3], &[1, 2, 2], &[0, _, _]) | (&[3, 3], &[2, 2], _)
-            );
+            // Over channel vectors, 3x3 windows at stride 2 or 1 (any padding) walk down
+            // bands of rows.
+            let walk_vec = match (window, stride, padding) {
+                (&[1, 3, 3], &[1, s, t], &[0, _, _]) | (&[3, 3], &[s, t], _)
+                    if s == t && (s == 1 || s == 2) =>
+                {
+                    Some(format!("3x3s{s}"))
+                }
+                _ => None,
+            };
             // Over single channels, the tile backward of 2-D windows (a depth window of 1
             // at stride 1, unpadded) takes bands of rows, in kernels of their own for 2x2
             // unpadded along w and 3x3 unpadded or padded by 1, at stride 1.
@@ -1036,8 +1040,10 @@ fn gpu_every_kernel_matches_the_reference() {
                                     (false, false) => "avg",
                                 };
                                 format!("pooling_bwd_global_{how}_{dt}")
-                            } else if vec && walk_vec && algo == PoolingBwdAlgo::Tile {
-                                format!("pooling_bwd_walk_vec_max_3x3s2_{dt}")
+                            } else if let (true, Some(shape), PoolingBwdAlgo::Tile) =
+                                (vec, &walk_vec, algo)
+                            {
+                                format!("pooling_bwd_walk_vec_max_{shape}_{dt}")
                             } else if vec {
                                 format!("pooling_bwd_{family}_vec_{m}_{dt}")
                             } else if algo == PoolingBwdAlgo::Cell && disjoint_strip(dt) {
@@ -1293,14 +1299,19 @@ fn gpu_disjoint_window_backward_matches_the_reference() {
     });
 }
 
-/// The pooling of a walk test case: 3x3 max windows at stride 2 padded `[h, w]` over
+/// The pooling of a walk test case: 3x3 max windows at stride `s` padded `[h, w]` over
 /// `dims` (a depth window of 1 for 3-D dims), in both max modes, or only `Max` for a
 /// `large` case.
-fn walk_pools([ph, pw]: [usize; 2], dims: &[usize], large: bool) -> Vec<PoolingDescriptor> {
+fn walk_pools(
+    s: usize,
+    [ph, pw]: [usize; 2],
+    dims: &[usize],
+    large: bool,
+) -> Vec<PoolingDescriptor> {
     let (window, padding, strides) = if dims.len() == 5 {
-        (vec![1, 3, 3], vec![0, ph, pw], vec![1, 2, 2])
+        (vec![1, 3, 3], vec![0, ph, pw], vec![1, s, s])
     } else {
-        (vec![3, 3], vec![ph, pw], vec![2, 2])
+        (vec![3, 3], vec![ph, pw], vec![s, s])
     };
     let modes: &[PoolingMode] = if large {
         &[PoolingMode::Max]
@@ -1350,7 +1361,7 @@ fn gpu_walk_backward_matches_the_reference() {
             ([1, 1], &[2, 3, 11, 24], 2, false),
         ];
         for (padding, dims, gap, y_gaps) in cases {
-            for pool in walk_pools(padding, dims, dims[0] * dims[1] > 100) {
+            for pool in walk_pools(2, padding, dims, dims[0] * dims[1] > 100) {
                 let pw = padding[1];
                 for dt in DataType::GPU {
                     // Rows (and the gaps between them) of whole 16-byte vectors, 32 at most.
@@ -1380,43 +1391,52 @@ fn gpu_walk_backward_matches_the_reference() {
     });
 }
 
-/// A case of the channel-vector walk test: the padding `[h, w]` of a 3x3 window at stride
-/// 2 (a depth window of 1 for 3-D dims), dims, and whether x, and y and dy, have gaps
-/// between their pixels.
-type WalkVecCase = ([usize; 2], &'static [usize], bool, bool);
+/// A case of the channel-vector walk test: the stride (2 or 1) and padding `[h, w]` of a
+/// 3x3 window (a depth window of 1 for 3-D dims), dims, and whether x, and y and dy, have
+/// gaps between their pixels.
+type WalkVecCase = (usize, [usize; 2], &'static [usize], bool, bool);
 
-/// The max backward of 3x3 windows at stride 2 over channel vectors (every operand
+/// The max backward of 3x3 windows at stride 2 or 1 over channel vectors (every operand
 /// channels-last in 8-byte vectors: 2 f32, 4 f16) walks down bands of rows by default
-/// (`pooling_bwd_walk_vec_max_3x3s2_*`, any padding). Against the reference: odd, prime and
-/// even extents (windows hanging past the edges, a row and a column under no window),
-/// paddings of 0 to 2, one row or column, channels of one vector and of several, bands of
-/// one row of windows (few pixels) and of several with a short last one (10x64x37x99:
-/// 8000 f16 threads a band, 6 bands of 3 rows of windows and one of 1 on an H100), 3-D
-/// tensors with a depth window of 1, gaps between pixels; ties, NaN and blends, every
-/// dtype, both max modes. Channels that are not whole vectors (6 f16) take another
-/// kernel.
+/// (`pooling_bwd_walk_vec_max_3x3s{2,1}_*`, any padding; a single window takes the
+/// stride-2 kernel at any stride). Against the reference: odd, prime and even extents
+/// (windows hanging past the edges, a row and a column under no window), paddings of 0 to
+/// 2, one row or column, channels of one vector and of several, bands of one row of
+/// windows (few pixels) and of several with a short last one (10x64x37x99: 8000 f16
+/// threads a band, 6 bands of 3 rows of windows and one of 1 on an H100), at stride 1 and
+/// padding 2 a band whose first window starts in the padding (1x12x7x11), 3-D tensors
+/// with a depth window of 1, gaps between pixels; ties, NaN and blends, every dtype, both
+/// max modes. Channels that are not whole vectors (6 f16) take another kernel.
 #[test]
 fn gpu_walk_vec_backward_matches_the_reference() {
     with_gpu("gpu_walk_vec_backward_matches_the_reference", |h| {
-        let cases: [WalkVecCase; 13] = [
-            ([1, 1], &[2, 16, 17, 19], false, false),
-            ([0, 0], &[2, 4, 13, 10], false, false),
-            ([1, 0], &[1, 12, 7, 11], false, false),
-            ([0, 1], &[3, 8, 5, 5], false, false),
-            ([2, 2], &[2, 8, 9, 6], false, false),
-            ([2, 0], &[1, 4, 8, 13], false, true),
-            ([1, 1], &[2, 8, 1, 7], false, false),
-            ([1, 1], &[2, 8, 6, 1], false, false),
+        let cases: [WalkVecCase; 20] = [
+            (2, [1, 1], &[2, 16, 17, 19], false, false),
+            (2, [0, 0], &[2, 4, 13, 10], false, false),
+            (2, [1, 0], &[1, 12, 7, 11], false, false),
+            (2, [0, 1], &[3, 8, 5, 5], false, false),
+            (2, [2, 2], &[2, 8, 9, 6], false, false),
+            (2, [2, 0], &[1, 4, 8, 13], false, true),
+            (2, [1, 1], &[2, 8, 1, 7], false, false),
+            (2, [1, 1], &[2, 8, 6, 1], false, false),
             // Row 17 and column 8 are under no window.
-            ([0, 0], &[1, 8, 18, 9], true, false),
-            ([1, 1], &[2, 8, 3, 9, 10], false, false),
-            ([1, 1], &[2, 24, 23, 29], true, true),
-            ([1, 1], &[10, 64, 37, 99], false, false),
-            ([1, 1], &[2, 6, 9, 9], false, false),
+            (2, [0, 0], &[1, 8, 18, 9], true, false),
+            (2, [1, 1], &[2, 8, 3, 9, 10], false, false),
+            (2, [1, 1], &[2, 24, 23, 29], true, true),
+            (2, [1, 1], &[10, 64, 37, 99], false, false),
+            (2, [1, 1], &[2, 6, 9, 9], false, false),
+            (1, [1, 1], &[2, 16, 17, 19], false, false),
+            (1, [0, 0], &[2, 4, 13, 10], false, false),
+            // The second band's first window starts at row -1: it stores from row 0.
+            (1, [2, 1], &[1, 12, 7, 11], true, true),
+            (1, [0, 2], &[2, 8, 3, 5], false, false),
+            (1, [1, 1], &[2, 8, 1, 7], false, false),
+            (1, [1, 1], &[2, 8, 3, 9, 10], false, false),
+            (1, [1, 1], &[10, 64, 37, 29], false, false),
         ];
-        for (padding, dims, x_gaps, y_gaps) in cases {
+        for (s, padding, dims, x_gaps, y_gaps) in cases {
             let large = dims.iter().product::<usize>() > 1 << 20;
-            for pool in walk_pools(padding, dims, large) {
+            for pool in walk_pools(s, padding, dims, large) {
                 for dt in DataType::GPU {
                     for (data, ab) in DATA_AND_BLENDS {
                         let mut p = dense_problem(pool, dt, dims, Layout::ChannelsLast, data, ab);
@@ -1426,7 +1446,10 @@ fn gpu_walk_vec_backward_matches_the_reference() {
                         if y_gaps {
                             p.y = gapped_pixels(dt, p.y.dims());
                         }
-                        let walk = format!("pooling_bwd_walk_vec_max_3x3s2_{dt}");
+                        // A single window (any stride) takes the stride-2 walk.
+                        let single = p.y.dims()[2..].iter().all(|&d| d == 1);
+                        let s = if single { 2 } else { s };
+                        let walk = format!("pooling_bwd_walk_vec_max_3x3s{s}_{dt}");
                         let b = pooling_backward_kernel(h, None, &p.pool, &p.x, &p.y, &p.y, &p.x)
                             .unwrap();
                         if dims[1] % (8 / dt.size_bytes()) == 0 {

@@ -1430,15 +1430,17 @@ fn walk_plan(
 }
 
 /// The max backward that walks down bands of rows over channel vectors
-/// (`bwd_walk_vec_max`), if its kernel is compiled for the window (3x3 at stride 2, any
-/// padding: ResNet's stem) and every operand keeps its channels in vectors of
-/// `pooling_walk_vec_channels` (`vectors`): a thread per cell column (the two dx columns
-/// from a window's start), vector of channels and band of rows of windows. Each thread
-/// reads the x rows its windows cover once, keeping the row shared by consecutive rows of
-/// windows in registers, where the cell kernel reloads the 5x5 x positions around every
-/// 2x2 cell (mostly from L2): 88.8 -> 56.0 µs on the stem's f16 NHWC backward (H100).
-/// Bands as [`walk_plan`]'s, a thread for a group (2 bands of 28 rows of windows there,
-/// two blocks an SM).
+/// (`bwd_walk_vec_max`), if its kernel is compiled for the window (3x3 at stride 2,
+/// ResNet's stem, or 1, Inception's pools; any padding) and every operand keeps its
+/// channels in vectors of `pooling_walk_vec_channels` (`vectors`): a thread per cell
+/// column (the `stride` dx columns from a window's start), vector of channels and band of
+/// rows of windows. Each thread reads the x rows its windows cover once, keeping the rows
+/// shared by consecutive rows of windows in registers, where the cell kernel reloads the
+/// 5x5 x positions around every 2x2 cell (mostly from L2): 88.8 -> 56.0 µs on the stem's
+/// f16 NHWC backward (H100), and the tile kernel stages 3x3/s1 windows' winners in shared
+/// memory (99.0 -> 53.8 µs on Inception's f16 NHWC 32x192x28x28, H200). Bands as
+/// [`walk_plan`]'s, a thread for a group (2 bands of 28 rows of windows on the stem, two
+/// blocks an SM).
 fn walk_vec_plan(
     g: &Geometry,
     dtype: DataType,
@@ -1447,17 +1449,22 @@ fn walk_vec_plan(
 ) -> Result<Option<(&'static str, PoolWalk, PoolItems)>> {
     // Where the output has one row (or column) of windows, the geometry's stride along it
     // is 1, and any stride is the kernel's.
-    let stride2 = |k: usize| g.stride[k] == 2 || g.output[k] == 1;
-    let compiled = g.window == [1, 3, 3] && stride2(1) && stride2(2) && g.planes_pass_through();
-    let Some(kernel) =
-        kernels::pooling_bwd_walk_vec_max_3x3s2(dtype).filter(|_| vectors && compiled)
-    else {
+    let strides = |s: usize| (1..3).all(|k| g.stride[k] == s || g.output[k] == 1);
+    let stride = [2, 1].into_iter().find(|&s| strides(s));
+    let compiled = g.window == [1, 3, 3] && g.planes_pass_through();
+    let Some((kernel, stride)) = stride.filter(|_| vectors && compiled).and_then(|s| {
+        match s {
+            2 => kernels::pooling_bwd_walk_vec_max_3x3s2(dtype),
+            _ => kernels::pooling_bwd_walk_vec_max_3x3s1(dtype),
+        }
+        .map(|k| (k, s))
+    }) else {
         return Ok(None);
     };
     let at_once = gpu.sm_count as usize
         * resident_with(gpu, kernel, BLOCK_THREADS, 0)?
         * BLOCK_THREADS as usize;
-    let cells_w = (g.input[2] - 1 + g.pad[2]) / 2 + 1;
+    let cells_w = (g.input[2] - 1 + g.pad[2]) / stride + 1;
     let channel_vectors = g.c / pooling_walk_vec_channels(dtype.size_bytes());
     let (bands, walk) = walk_bands(g, g.n * channel_vectors * g.input[0] * cells_w, at_once);
     let items = items([g.n, channel_vectors, g.input[0], bands, cells_w], true)?;
