@@ -777,6 +777,19 @@ pub fn eq_f16x2(a: u32, b: u32) -> [bool; 2] {
     [lo != 0, hi != 0]
 }
 
+/// `a == b` per half of two packed f16 pairs (NaN equals nothing, +0 equals -0), as a mask:
+/// each half all ones where equal, zero elsewhere. One `HSET2` for two comparisons.
+#[inline(always)]
+pub fn eq_mask_f16x2(a: u32, b: u32) -> u32 {
+    let mask: u32;
+    // SAFETY: register-only comparison.
+    unsafe {
+        asm!("set.eq.u32.f16x2 {m}, {a}, {b};", m = out(reg32) mask, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack));
+    }
+    mask
+}
+
 /// Two f32 -> two bfloat16 packed in one word (`lo` in the low half), round to nearest even.
 #[inline(always)]
 pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {

@@ -133,6 +133,36 @@ pub trait Element: Copy {
         let (a, b) = (Self::unpack::<K>(a), Self::unpack::<K>(b));
         core::array::from_fn(|k| a[k] == b[k])
     }
+
+    /// [`Element::equal`] as a mask in the elements' own bits: all ones over each element
+    /// equal to its counterpart, zero elsewhere (and past `K`), so that `w & mask` keeps
+    /// the raw elements of `w` where they are equal and makes the others +0.
+    #[inline(always)]
+    fn equal_mask<const K: usize>(a: Vec16, b: Vec16) -> Vec16 {
+        elements_mask::<Self, K>(Self::equal::<K>(a, b))
+    }
+
+    /// [`Element::equal_mask`] with NaN equal to NaN.
+    #[inline(always)]
+    fn same_mask<const K: usize>(a: Vec16, b: Vec16) -> Vec16 {
+        let (a, b) = (Self::unpack::<K>(a), Self::unpack::<K>(b));
+        let same = core::array::from_fn(|k| (a[k] == b[k]) | ((a[k] != a[k]) & (b[k] != b[k])));
+        elements_mask::<Self, K>(same)
+    }
+}
+
+/// The mask of [`Element::equal_mask`] over the raw words of `K` elements of `T` where
+/// `set` holds.
+#[inline(always)]
+fn elements_mask<T: Element, const K: usize>(set: [bool; K]) -> Vec16 {
+    let bits = 8 * size_of::<T>();
+    let per_word = 32 / bits;
+    let ones = u32::MAX >> (32 - bits);
+    let mut mask = [0u32; 4];
+    crate::unrolled!(k in K => {
+        mask[(k / per_word) % 4] |= ((set[k] as u32).wrapping_neg() & ones) << (bits * (k % per_word));
+    });
+    mask
 }
 
 #[inline(always)]
@@ -178,7 +208,7 @@ impl Element for f32 {
 /// maxima (NaN skipped, NaN propagated) and its -inf bits.
 macro_rules! half_element {
     ($t:ident, $to_f32:path, $from_f32:path, $pair_from_f32:path, $pair_max:path,
-     $pair_max_nan:path, $neg_inf:literal $(, $pair_equal:path)?) => {
+     $pair_max_nan:path, $neg_inf:literal $(, $pair_equal:path, $pair_equal_mask:path)?) => {
         impl Element for $t {
             const LOW_PRECISION: bool = true;
             const NEG_INF_WORD: u32 = $neg_inf * 0x1_0001;
@@ -229,6 +259,11 @@ macro_rules! half_element {
                 fn equal<const K: usize>(a: Vec16, b: Vec16) -> [bool; K] {
                     core::array::from_fn(|k| $pair_equal(a[(k / 2) % 4], b[(k / 2) % 4])[k % 2])
                 }
+                /// Two elements a comparison, as they are packed.
+                #[inline(always)]
+                fn equal_mask<const K: usize>(a: Vec16, b: Vec16) -> Vec16 {
+                    core::array::from_fn(|w| if 2 * w < K { $pair_equal_mask(a[w], b[w]) } else { 0 })
+                }
             )?
         }
     };
@@ -242,7 +277,8 @@ half_element!(
     device::max_f16x2,
     device::max_nan_f16x2,
     0xfc00,
-    device::eq_f16x2
+    device::eq_f16x2,
+    device::eq_mask_f16x2
 );
 half_element!(
     Bf16,

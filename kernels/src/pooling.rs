@@ -1723,15 +1723,14 @@ fn disjoint_grad<const OP: u32>(w: &PoolWindow, g: f32, valid: bool, won: bool) 
 }
 
 /// Per channel, the first of a window's `n` vectors of `K` channels (a compile-time
-/// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) that is `inside`
-/// x and equal to the window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether
-/// a NaN must count as equal to a NaN (some y is NaN); without, `==` on the elements as
-/// loaded (two 16-bit ones an instruction).
+/// constant after inlining; `x(j)` the `j`-th in scan order, as loaded) equal to the
+/// window's y (as loaded), or `u32::MAX` where none is. `NAN`: whether a NaN must count as
+/// equal to a NaN (some y is NaN); without, `==` on the elements as loaded (two 16-bit ones
+/// an instruction).
 #[inline(always)]
 fn first_equal_channels<T: Element, const K: usize, const NAN: bool>(
     n: usize,
     x: impl Fn(usize) -> Vec16,
-    inside: impl Fn(usize) -> bool,
     y_raw: Vec16,
 ) -> [u32; K] {
     let y = T::unpack::<K>(y_raw);
@@ -1745,12 +1744,44 @@ fn first_equal_channels<T: Element, const K: usize, const NAN: bool>(
             T::equal::<K>(x(j), y_raw)
         };
         crate::unrolled!(k in K => {
-            if inside(j) & same[k] {
+            if same[k] {
                 first[k] = j as u32;
             }
         });
     });
     first
+}
+
+/// [`first_equal_channels`] as masks: calls `won(j, mask)` for each of a window's `n`
+/// vectors of `K` channels in scan order (`x(j)` the `j`-th, as loaded), `mask` in the form
+/// of [`Element::equal_mask`], over the channels where `x(j)` is the first vector `inside`
+/// x equal to the window's y (NaN equal to NaN where `NAN`). Two f16 channels take one
+/// comparison and two bitwise operations, where a winner index takes a comparison and a
+/// select per channel, and another per channel to gather.
+#[inline(always)]
+fn first_equal_masks<T: Element, const K: usize, const NAN: bool>(
+    n: usize,
+    x: impl Fn(usize) -> Vec16,
+    inside: impl Fn(usize) -> bool,
+    y_raw: Vec16,
+    mut won: impl FnMut(usize, Vec16),
+) {
+    let mut taken = [0u32; 4];
+    crate::unrolled!(j in n => {
+        let same = if NAN {
+            T::same_mask::<K>(x(j), y_raw)
+        } else {
+            T::equal_mask::<K>(x(j), y_raw)
+        };
+        let inside = (inside(j) as u32).wrapping_neg();
+        let mut first = [0u32; 4];
+        crate::unrolled!(w in 4 => {
+            let hit = same[w] & inside;
+            first[w] = hit & !taken[w];
+            taken[w] |= hit;
+        });
+        won(j, first);
+    });
 }
 
 /// Backward of non-overlapping, unpadded windows, `WD x S x S` at stride `WD x S x S` (`WD`
@@ -1966,9 +1997,9 @@ unsafe fn bwd_cell_vec_disjoint<
             let mut nan = false;
             crate::unrolled!(k in K => nan |= y[k] != y[k]);
             winner = if nan {
-                first_equal_channels::<T, K, true>(WD * S * S, x_at, |_| true, y_raw)
+                first_equal_channels::<T, K, true>(WD * S * S, x_at, y_raw)
             } else {
-                first_equal_channels::<T, K, false>(WD * S * S, x_at, |_| true, y_raw)
+                first_equal_channels::<T, K, false>(WD * S * S, x_at, y_raw)
             };
         }
         let dx_row = row_offset(&p.dx, n, c * K as u32);
@@ -2265,12 +2296,14 @@ unsafe fn bwd_walk_max<
 /// `WIN - S` shared rows stay in registers with their dx sums, so the thread reads each x
 /// row it needs once, and neighbouring threads' shared columns come from the same warp's
 /// loads (L1), where the cell kernel reloads the `R x R` region of every cell from L2
-/// (3x3/s2: 25 x vectors for 4 dx vectors, here 10). Each window's winner (its first
-/// element inside x equal to its y, per channel) is found once per thread, and its dy
-/// added to the winner where that is one of the thread's columns; the `S` rows that no
-/// later window reads are stored. Compiled for 3x3 at stride 2 (ResNet's stem: 88.8 ->
-/// 56.0 µs in f16 on an H100) and 1 (Inception's pools: the tile kernel's 99.0 -> 53.8 µs
-/// on 32x192x28x28 f16, H200; two dx columns a thread, at one block per SM, took 59.8).
+/// (3x3/s2: 25 x vectors for 4 dx vectors, here 10). Each window's winners (its first
+/// element inside x equal to its y, per channel) are found once per thread as masks
+/// ([`first_equal_masks`]: 3x3/s1 f16 53.6 -> 37.3 µs, the stem's 53.7 -> 46.4 on an
+/// H200, against a winner index per channel), and its dy added through them to the
+/// thread's own columns; the `S` rows that no later window reads are stored. Compiled
+/// for 3x3 at stride 2 (ResNet's stem: 88.8 -> 56.0 µs in f16 on an H100) and 1
+/// (Inception's pools: the tile kernel's 99.0 -> 53.8 µs on 32x192x28x28 f16, H200; two
+/// dx columns a thread, at one block per SM, took 59.8).
 ///
 /// Band by band as [`bwd_walk_max`] ([`WalkBand`]), through one row of windows past the
 /// band's own.
@@ -2397,23 +2430,22 @@ unsafe fn bwd_walk_vec_max<
             let y_raw = ys[b];
             let yv = T::unpack::<K>(y_raw);
             let nan = (0..K).fold(false, |nan, k| nan | (yv[k] != yv[k]));
-            let winner = if nan {
-                first_equal_channels::<T, K, true>(WIN * WIN, x_at, inside, y_raw)
-            } else {
-                first_equal_channels::<T, K, false>(WIN * WIN, x_at, inside, y_raw)
-            };
-            // A window that is not the band's adds nothing.
-            let g = T::unpack::<K>(gs[b]).map(|g| if live(oh, b) { g } else { 0.0 });
-            // Selects, not a branch per winner (sums start at +0: adding 0 keeps them).
-            crate::unrolled!(e in WIN * WIN => {
+            // The window's dy as loaded (none, +0, for a window that is not the band's);
+            // each element it wins takes it through its mask (sums start at +0: adding +0
+            // keeps them).
+            let g = if live(oh, b) { gs[b] } else { [0; 4] };
+            let mut add = |e: usize, won: Vec16| {
                 let q = S * b + e % WIN;
                 if (own..own + S).contains(&q) {
-                    crate::unrolled!(k in K => {
-                        let won = winner[k] == e as u32;
-                        sums[e / WIN][q - own][k] += if won { g[k] } else { 0.0 };
-                    });
+                    let won = T::unpack::<K>(core::array::from_fn(|w| g[w] & won[w]));
+                    crate::unrolled!(k in K => sums[e / WIN][q - own][k] += won[k]);
                 }
-            });
+            };
+            if nan {
+                first_equal_masks::<T, K, true>(WIN * WIN, x_at, inside, y_raw, &mut add);
+            } else {
+                first_equal_masks::<T, K, false>(WIN * WIN, x_at, inside, y_raw, &mut add);
+            }
         });
         // Rows `row0 .. row0 + S` are in no later window: store them, move the shared ones
         // up.
