@@ -2016,16 +2016,18 @@ fn assert_bad(e: Error, arg: &str) {
 }
 
 /// The backward of disjoint 2x2 windows (kernels of their own on the GPU, for the max and
-/// the average, over channel vectors and over rows of vectors) and the walks of 3x3/s2/p1
-/// max windows (over rows of vectors and over channel vectors) check their operands first
-/// like every path: wrong dims, another dtype and short buffers are typed errors naming the
-/// argument, and dx is left as it was. (Both windows pool 8x16 to 4x8.)
+/// the average, over channel vectors and over rows of vectors) and the walks of 3x3 max
+/// windows (at stride 2 over rows of vectors and over channel vectors, at stride 1 over
+/// channel vectors) check their operands first like every path: wrong dims, another dtype
+/// and short buffers are typed errors naming the argument, and dx is left as it was. (The
+/// stride-2 windows pool 8x16 to 4x8, the stride-1 ones keep 8x16.)
 #[test]
 fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
     let pools = [
         pool2d(PoolingMode::Max, 2, 0, 2),
         pool2d(PoolingMode::AverageCountIncludePadding, 2, 0, 2),
         pool2d(PoolingMode::Max, 3, 1, 2),
+        pool2d(PoolingMode::Max, 3, 1, 1),
     ];
     for h in handles() {
         let f16_ = DataType::F16;
@@ -2033,16 +2035,26 @@ fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
             let desc = |dt: DataType, c: usize, hw: [usize; 2]| {
                 TensorDescriptor::spatial(dt, 2, c, &hw, layout).unwrap()
             };
-            let (xd, yd) = (desc(f16_, 16, [8, 16]), desc(f16_, 16, [4, 8]));
+            let xd = desc(f16_, 16, [8, 16]);
             for pool in pools {
                 let mode = pool.mode();
+                let yd = pooled(&pool, &xd, layout);
+                let [oh, ow] = [yd.dims()[2], yd.dims()[3]];
                 if h.is_gpu() && pool.window() == [3, 3] {
                     let kernel = pooling_backward_kernel(h, None, &pool, &xd, &yd, &yd, &xd);
-                    let how = match layout {
-                        Layout::ChannelsFirst => "walk_max_3x3s2p1",
-                        Layout::ChannelsLast => "walk_vec_max_3x3s2",
+                    let how = match (layout, pool.stride()[0]) {
+                        (Layout::ChannelsFirst, 2) => Some("walk_max_3x3s2p1"),
+                        (Layout::ChannelsLast, s) => Some(if s == 2 {
+                            "walk_vec_max_3x3s2"
+                        } else {
+                            "walk_vec_max_3x3s1"
+                        }),
+                        // Single channels at stride 1 take the band kernel.
+                        _ => None,
                     };
-                    assert_eq!(kernel.unwrap(), format!("pooling_bwd_{how}_f16"));
+                    if let Some(how) = how {
+                        assert_eq!(kernel.unwrap(), format!("pooling_bwd_{how}_f16"));
+                    }
                 }
                 let (x, y, dy) = (
                     h.alloc(&xd).unwrap(),
@@ -2059,9 +2071,9 @@ fn bad_inputs_on_the_disjoint_window_and_walk_paths_are_typed_errors() {
                     )
                     .unwrap_err()
                 };
-                let wrong_dy = desc(f16_, 16, [4, 7]);
+                let wrong_dy = desc(f16_, 16, [oh, ow - 1]);
                 assert_bad(bwd([&xd, &wrong_dy, &xd], [&x, &dy], &mut dx), "dy_desc");
-                let f32_dy = desc(DataType::F32, 16, [4, 8]);
+                let f32_dy = desc(DataType::F32, 16, [oh, ow]);
                 assert_bad(bwd([&xd, &f32_dy, &xd], [&x, &dy], &mut dx), "dy_desc");
                 let wrong_dx = desc(f16_, 8, [8, 16]);
                 assert_bad(bwd([&xd, &yd, &wrong_dx], [&x, &dy], &mut dx), "dx_desc");

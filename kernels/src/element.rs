@@ -142,13 +142,19 @@ pub trait Element: Copy {
         elements_mask::<Self, K>(Self::equal::<K>(a, b))
     }
 
-    /// [`Element::equal_mask`] with NaN equal to NaN.
+    /// [`Element::equal_mask`] with NaN equal to NaN ([`same_value`]).
     #[inline(always)]
     fn same_mask<const K: usize>(a: Vec16, b: Vec16) -> Vec16 {
         let (a, b) = (Self::unpack::<K>(a), Self::unpack::<K>(b));
-        let same = core::array::from_fn(|k| (a[k] == b[k]) | ((a[k] != a[k]) & (b[k] != b[k])));
-        elements_mask::<Self, K>(same)
+        elements_mask::<Self, K>(core::array::from_fn(|k| same_value(a[k], b[k])))
     }
+}
+
+/// Whether `v` is `y` where NaN equals NaN (+0 equals -0), as max pooling's backward finds
+/// a window's element equal to its y. Evaluated without branches.
+#[inline(always)]
+pub fn same_value(v: f32, y: f32) -> bool {
+    (v == y) | ((v != v) & (y != y))
 }
 
 /// The mask of [`Element::equal_mask`] over the raw words of `K` elements of `T` where

@@ -76,7 +76,7 @@ use crate::device::{
     shfl_xor_f32, st_global_v4, st_shared_u32, st_shared_v4, sync_threads, sync_warp, thread_idx_x,
     warp_id, LoadFence, Vec16, Words,
 };
-use crate::element::Element;
+use crate::element::{same_value, Element};
 use oxidnn_params::{
     pooling_global_stage_bytes, pooling_walk_columns, pooling_walk_vec_channels, PoolCoord,
     PoolWalk, PoolWindow, PoolingBwdParams, PoolingFwdParams, PoolingGlobalParams, PoolingKind,
@@ -153,12 +153,6 @@ fn combine<const OP: u32>(a: f32, b: f32) -> f32 {
         MAX_PROPAGATE_NAN => max_propagate_nan(a, b),
         _ => a + b,
     }
-}
-
-/// Whether `v` is the window's `y` (NaN equals NaN). Evaluated without branches.
-#[inline(always)]
-fn same_value(v: f32, y: f32) -> bool {
-    (v == y) | ((v != v) & (y != y))
 }
 
 // ---------------------------------------------------------------------------------------

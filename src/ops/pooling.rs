@@ -1450,15 +1450,15 @@ fn walk_vec_plan(
     // Where the output has one row (or column) of windows, the geometry's stride along it
     // is 1, and any stride is the kernel's.
     let strides = |s: usize| (1..3).all(|k| g.stride[k] == s || g.output[k] == 1);
-    let stride = [2, 1].into_iter().find(|&s| strides(s));
-    let compiled = g.window == [1, 3, 3] && g.planes_pass_through();
-    let Some((kernel, stride)) = stride.filter(|_| vectors && compiled).and_then(|s| {
-        match s {
-            2 => kernels::pooling_bwd_walk_vec_max_3x3s2(dtype),
-            _ => kernels::pooling_bwd_walk_vec_max_3x3s1(dtype),
-        }
-        .map(|k| (k, s))
-    }) else {
+    let walks = vectors && g.window == [1, 3, 3] && g.planes_pass_through();
+    let Some(stride) = [2, 1].into_iter().find(|&s| walks && strides(s)) else {
+        return Ok(None);
+    };
+    let kernel = match stride {
+        2 => kernels::pooling_bwd_walk_vec_max_3x3s2(dtype),
+        _ => kernels::pooling_bwd_walk_vec_max_3x3s1(dtype),
+    };
+    let Some(kernel) = kernel else {
         return Ok(None);
     };
     let at_once = gpu.sm_count as usize
