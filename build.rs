@@ -290,6 +290,10 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     // ptxas 12.9 takes 150-165 unbounded, and spills 24 bytes in f16, 152 in bf16 bounded:
     // 3x3/s2 f16 NHWC 67.4 -> 56.0 µs with the fence-free steps on an H100).
     ("pooling_bwd_walk_vec_max_", 256, 2),
+    // The layer/RMS norm forward over rows of two vectors a thread (a 16-bit row of 512
+    // takes one warp): five blocks per SM (<= 51 registers; ptxas 12.9 takes 56 in
+    // 16-bit types unbounded, four blocks, and 48 bounded with no spills; f32 takes 47).
+    ("layer_norm_fwd_vec2_", 256, 5),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),

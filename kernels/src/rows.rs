@@ -13,7 +13,8 @@
 
 use crate::device::{
     bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, ld_shared_words,
-    opaque_words, shfl_xor_f32, st_shared_words, thread_idx_x, warp_id, warp_reduce, Vec16,
+    opaque_words, shfl_xor_f32, st_shared_words, sync_threads, thread_idx_x, warp_id, warp_reduce,
+    Vec16,
 };
 use crate::element::Element;
 use core::marker::PhantomData;
@@ -24,9 +25,16 @@ pub const fn vector_elements<T>() -> usize {
     16 / size_of::<T>()
 }
 
-/// The threads of one row: `threads` (whole warps), `per_block` groups to a block (at most
-/// 8). Groups of several warps synchronise among themselves with named barriers (id `1 +
-/// in_block`), so groups of one block may be at different rows.
+/// The threads of one row: `threads` (whole warps), `per_block` groups to a block. A group
+/// of one warp reduces by shuffles alone, so single-warp groups share blocks and may be at
+/// different rows. A group of several warps meets, to reduce, at
+/// - the block's barrier, being its whole block ([`Group::new`]), or
+/// - a named barrier (id `1 + in_block`) where several share a block
+///   ([`Group::sharing_blocks`]). A kernel that names barriers by a register reserves all
+///   sixteen, so an SM holds only four of its blocks: for kernels that registers hold to
+///   four blocks of 256 or fewer anyway.
+///
+/// The host plans the blocks to match (`RowPlan`, `Budget::groups_share_blocks`).
 #[derive(Clone, Copy)]
 pub struct Group {
     /// This thread's rank in its group.
@@ -40,12 +48,27 @@ pub struct Group {
     /// This group's index over the grid, and the groups in the grid.
     pub index: u32,
     pub count: u32,
+    /// Whether groups of several warps share blocks (named barriers). A constant where
+    /// the kernel builds its group, so the other barrier's code folds away.
+    shares_blocks: bool,
 }
 
 impl Group {
-    /// The group of this thread when each row has `warps` warps.
+    /// The group of this thread when each row has `warps` warps, a group of several warps
+    /// being its whole block.
     #[inline(always)]
     pub fn new(warps: u32) -> Self {
+        Self::with(warps, false)
+    }
+
+    /// As [`Group::new`], with several groups of several warps to a block.
+    #[inline(always)]
+    pub fn sharing_blocks(warps: u32) -> Self {
+        Self::with(warps, true)
+    }
+
+    #[inline(always)]
+    fn with(warps: u32, shares_blocks: bool) -> Self {
         let threads = 32 * warps;
         let per_block = block_dim_x() / threads;
         let in_block = thread_idx_x() / threads;
@@ -57,6 +80,7 @@ impl Group {
             per_block,
             index: block_idx_x() * per_block + in_block,
             count: grid_dim_x() * per_block,
+            shares_blocks,
         }
     }
 
@@ -99,24 +123,29 @@ impl Group {
         const { assert!(size_of::<T>() <= 16, "a warp's slot holds 16 bytes") };
         let scratch = crate::shared_f32!(512).base;
         let slot = |w: u32| scratch + w * size_of::<T>() as u32;
-        let warp = warp_id();
         let first = self.in_block * self.warps;
-        let barrier = 1 + self.in_block;
+        let meet = || {
+            if self.shares_blocks {
+                bar_sync(1 + self.in_block, self.threads);
+            } else {
+                sync_threads();
+            }
+        };
         // SAFETY: warp `w` of the block writes slot `w < 32` (at most 16 bytes each: 512
-        // bytes); the named barrier of the group orders those writes before the group's
-        // reads, the second one keeps a later call's writes behind them. Shared-window
-        // loads, not generic ones, so no wait on them also waits on the thread's global
-        // loads in flight.
+        // bytes); the group's barrier orders those writes before the group's reads, the
+        // second one keeps a later call's writes behind them. Shared-window loads, not
+        // generic ones, so no wait on them also waits on the thread's global loads in
+        // flight.
         unsafe {
             if lane_id() == 0 {
-                st_shared_words(slot(warp), total);
+                st_shared_words(slot(warp_id()), total);
             }
-            bar_sync(barrier, self.threads);
+            meet();
             let mut all = ld_shared_words::<T>(slot(first));
             for w in 1..self.warps {
                 all = combine(all, ld_shared_words::<T>(slot(first + w)));
             }
-            bar_sync(barrier, self.threads);
+            meet();
             all
         }
     }

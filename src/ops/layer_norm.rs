@@ -312,6 +312,7 @@ pub fn layer_norm_forward(
                 max_values: 32,
                 packed: false,
                 columns: false,
+                groups_share_blocks: false,
             };
             let limit = block_limit(gpu, |k| fwd_kernel(k, dtype));
             let plan = RowPlan::new(
@@ -432,11 +433,14 @@ struct BwdLaunch {
 impl BwdLaunch {
     fn new(gpu: &Gpu, split: &Split<4, 4>, dtype: DataType, weight_grads: bool) -> Result<Self> {
         // x and dy held as loaded, and the next row's loads in flight beside them: 8
-        // registers a thread and operand (16 values of a 16-bit type, 8 of f32).
+        // registers a thread and operand (16 values of a 16-bit type, 8 of f32). Registers
+        // hold these kernels to two blocks of 256 an SM, so their groups share blocks
+        // (every block leaves a slot of weight-gradient partials: the fewer, the better).
         let budget = Budget {
             max_values: 8,
             packed: true,
             columns: false,
+            groups_share_blocks: true,
         };
         let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));
         let operands = [true, true, true, false];

@@ -42,12 +42,15 @@ pub(crate) enum RowKernel {
 /// What a family's kernels can hold: `max_values` row values per thread and operand in
 /// registers, and whether it has a `column` kernel. With `packed`, the kernels hold a
 /// row's vectors as loaded (`Held` in `kernels/src/rows.rs`) and the budget counts 32-bit
-/// registers: a 16-bit type fits twice as many values.
+/// registers: a 16-bit type fits twice as many values. With `groups_share_blocks`, the
+/// in-register kernels' groups of several warps meet at named barriers, so several share
+/// a block (`Group::sharing_blocks`); otherwise such a group is a block of its own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Budget {
     pub max_values: usize,
     pub packed: bool,
     pub columns: bool,
+    pub groups_share_blocks: bool,
 }
 
 impl Budget {
@@ -184,15 +187,17 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
             let per_chunk = 32 * (plan.warps * STREAM_SLOTS) as usize;
             plan.chunks = slots_needed.div_ceil(per_chunk) as u32;
         }
-        // Row kernels: groups share blocks of ROW_BLOCK_THREADS where the kernel can launch
-        // them; streamed kernels: a group (one long row at a time) per block.
-        plan.block = match plan.kernel {
-            RowKernel::Streamed { .. } => 32 * plan.warps,
-            _ => {
-                let limit = max_warps(max_threads(plan.kernel)?);
-                let block_warps = (ROW_BLOCK_THREADS / 32).min(limit).max(plan.warps);
-                32 * (block_warps / plan.warps * plan.warps)
-            }
+        // Groups share blocks of ROW_BLOCK_THREADS where the kernel can launch them: groups
+        // of one warp, and with `groups_share_blocks`, groups of several. Otherwise a group
+        // of several warps is a block of its own (its reductions meet at the block's
+        // barrier), as is a streamed kernel's group (one long row at a time).
+        let streamed = matches!(plan.kernel, RowKernel::Streamed { .. });
+        plan.block = if !streamed && (plan.warps == 1 || budget.groups_share_blocks) {
+            let limit = max_warps(max_threads(plan.kernel)?);
+            let block_warps = (ROW_BLOCK_THREADS / 32).min(limit).max(plan.warps);
+            32 * (block_warps / plan.warps * plan.warps)
+        } else {
+            32 * plan.warps
         };
         let groups_per_block = (plan.block / (32 * plan.warps)) as usize;
         plan.blocks = rows.div_ceil(groups_per_block).max(1) as u32;
@@ -314,6 +319,7 @@ mod tests {
         max_values: 32,
         packed: false,
         columns: false,
+        groups_share_blocks: false,
     };
 
     #[test]
@@ -323,11 +329,38 @@ mod tests {
         assert_eq!((p.warps, p.block, p.blocks), (1, 256, 1024));
         let p = RowPlan::new(&split(&[8192], &[4096]), [true, true], 4, FWD, &any_block).unwrap();
         assert_eq!(
-            (p.kernel, p.warps, p.block),
-            (RowKernel::Vectors { slots: 8 }, 4, 256)
+            (p.kernel, p.warps, p.block, p.blocks),
+            (RowKernel::Vectors { slots: 8 }, 4, 128, 8192)
         );
         let p = RowPlan::new(&split(&[8192], &[512]), [true, true], 2, FWD, &any_block).unwrap();
         assert_eq!((p.kernel, p.warps), (RowKernel::Vectors { slots: 2 }, 1));
+    }
+
+    /// A group of several warps is a block of its own unless the family's kernels meet
+    /// at named barriers; groups of one warp always share blocks.
+    #[test]
+    fn groups_of_several_warps_share_blocks_only_at_named_barriers() {
+        let own = Budget {
+            max_values: 8,
+            packed: true,
+            ..FWD
+        };
+        let shared = Budget {
+            groups_share_blocks: true,
+            ..own
+        };
+        // (row length, budget) -> (warps per row, block, blocks) for 8192 f16 rows
+        let cases = [
+            (1024, own, (2, 64, 8192)),
+            (1024, shared, (2, 256, 2048)),
+            (128, own, (1, 256, 1024)),
+            (128, shared, (1, 256, 1024)),
+        ];
+        for (len, budget, geometry) in cases {
+            let s = split(&[8192], &[len]);
+            let p = RowPlan::new(&s, [true, true], 2, budget, &any_block).unwrap();
+            assert_eq!((p.warps, p.block, p.blocks), geometry, "{len}, {budget:?}");
+        }
     }
 
     /// Held as loaded, a 16-bit row takes twice the values of an f32 one in the same
@@ -374,6 +407,7 @@ mod tests {
                         max_values,
                         packed,
                         columns: false,
+                        groups_share_blocks: false,
                     };
                     let p = RowPlan::new(&split(&[2], &[d]), [true, true], bytes, b, &any_block)
                         .unwrap();
@@ -388,6 +422,10 @@ mod tests {
                         }
                         RowKernel::Streamed { .. } => assert!(p.chunks > 1),
                         RowKernel::Column => panic!("no columns asked for"),
+                    }
+                    // The kernels reduce a group of several warps at the block's barrier.
+                    if p.warps > 1 {
+                        assert_eq!(p.block, 32 * p.warps, "{d} elements of {bytes} bytes");
                     }
                 }
             }

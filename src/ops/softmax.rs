@@ -61,6 +61,7 @@ const BUDGET: Budget = Budget {
     max_values: 32,
     packed: true,
     columns: true,
+    groups_share_blocks: false,
 };
 
 fn check_rank(arg: &'static str, desc: &TensorDescriptor) -> Result<()> {
