@@ -20,7 +20,8 @@ use crate::element::Element;
 use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
 use oxidnn_params::{
     IndexMap, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams, NORM_BIAS,
-    NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_SCALE, NORM_WRITE_STATS, STREAM_SLOTS,
+    NORM_BWD_GROUPS_SHARE_BLOCKS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_SCALE,
+    NORM_WRITE_STATS, STREAM_SLOTS,
 };
 
 /// Count, mean and sum of squared deviations of some elements (Chan et al.'s parallel
@@ -463,9 +464,7 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
     rstd_in: *const f32,
     partials: *mut f32,
 ) {
-    // Registers hold this kernel to two blocks of 256 threads an SM: its groups share
-    // blocks, so fewer blocks leave weight-gradient partials.
-    let g = Group::sharing_blocks(p.warps);
+    let g = Group::of(p.warps, NORM_BWD_GROUPS_SHARE_BLOCKS);
     let d = p.row_len;
     let inv_d = 1.0 / d as f32;
     let weight_grads = p.flags & (NORM_DSCALE | NORM_DBIAS) != 0;

@@ -29,10 +29,10 @@ pub const fn vector_elements<T>() -> usize {
 /// of one warp reduces by shuffles alone, so single-warp groups share blocks and may be at
 /// different rows. A group of several warps meets, to reduce, at
 /// - the block's barrier, being its whole block ([`Group::new`]), or
-/// - a named barrier (id `1 + in_block`) where several share a block
-///   ([`Group::sharing_blocks`]). A kernel that names barriers by a register reserves all
-///   sixteen, so an SM holds only four of its blocks: for kernels that registers hold to
-///   four blocks of 256 or fewer anyway.
+/// - a named barrier (id `1 + in_block`) where several share a block ([`Group::of`] with
+///   `shares_blocks`). A kernel that names barriers by a register reserves all sixteen, so
+///   an SM holds only four of its blocks: for kernels that registers hold to four blocks of
+///   256 or fewer anyway.
 ///
 /// The host plans the blocks to match (`RowPlan`, `Budget::groups_share_blocks`).
 #[derive(Clone, Copy)]
@@ -58,17 +58,13 @@ impl Group {
     /// being its whole block.
     #[inline(always)]
     pub fn new(warps: u32) -> Self {
-        Self::with(warps, false)
+        Self::of(warps, false)
     }
 
-    /// As [`Group::new`], with several groups of several warps to a block.
+    /// As [`Group::new`], with several groups of several warps to a block where
+    /// `shares_blocks` (a constant, shared with the host's plan).
     #[inline(always)]
-    pub fn sharing_blocks(warps: u32) -> Self {
-        Self::with(warps, true)
-    }
-
-    #[inline(always)]
-    fn with(warps: u32, shares_blocks: bool) -> Self {
+    pub fn of(warps: u32, shares_blocks: bool) -> Self {
         let threads = 32 * warps;
         let per_block = block_dim_x() / threads;
         let in_block = thread_idx_x() / threads;

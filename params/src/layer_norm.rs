@@ -17,6 +17,13 @@ pub const NORM_DSCALE: u32 = 16;
 /// `LayerNormBwdParams::flags`: the bias gradient is accumulated.
 pub const NORM_DBIAS: u32 = 32;
 
+/// Whether the in-register backward kernels (`vec`, `map`) put several row groups of
+/// several warps in a block, meeting at named barriers (`Group::of` in the kernels'
+/// `rows.rs`, `Budget::groups_share_blocks` on the host). Registers hold them to two blocks
+/// of 256 threads an SM, so the named barriers' four-block limit costs nothing, and each
+/// block leaves a slot of weight-gradient partials: the fewer blocks, the fewer partials.
+pub const NORM_BWD_GROUPS_SHARE_BLOCKS: bool = true;
+
 /// Threads per block of the weight-gradient finalisation: 32 columns (one per lane) times
 /// 32 warps, each warp summing every 32nd workspace slot.
 pub const NORM_FINALIZE_THREADS: u32 = 1024;

@@ -44,8 +44,8 @@ pub use dropout::{
 pub use index_map::IndexMap;
 pub use layer_norm::{
     layer_norm_bwd_shared_bytes, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams,
-    NORM_BIAS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE,
-    NORM_WRITE_STATS,
+    NORM_BIAS, NORM_BWD_GROUPS_SHARE_BLOCKS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS,
+    NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
 };
 pub use lrn::{
     lrn_pixel_slots, lrn_slot, LrnParams, LRN_CL_BWD_SLOT_BYTES, LRN_CL_FWD_SLOT_BYTES,

@@ -47,8 +47,8 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
     layer_norm_bwd_shared_bytes, LayerNormBwdParams, LayerNormFwdParams, LayerNormWeightsParams,
-    NORM_BIAS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS, NORM_FINALIZE_THREADS, NORM_SCALE,
-    NORM_WRITE_STATS,
+    NORM_BIAS, NORM_BWD_GROUPS_SHARE_BLOCKS, NORM_DBIAS, NORM_DSCALE, NORM_F32_WEIGHTS,
+    NORM_FINALIZE_THREADS, NORM_SCALE, NORM_WRITE_STATS,
 };
 
 /// Layer norm or RMS norm.
@@ -433,14 +433,12 @@ struct BwdLaunch {
 impl BwdLaunch {
     fn new(gpu: &Gpu, split: &Split<4, 4>, dtype: DataType, weight_grads: bool) -> Result<Self> {
         // x and dy held as loaded, and the next row's loads in flight beside them: 8
-        // registers a thread and operand (16 values of a 16-bit type, 8 of f32). Registers
-        // hold these kernels to two blocks of 256 an SM, so their groups share blocks
-        // (every block leaves a slot of weight-gradient partials: the fewer, the better).
+        // registers a thread and operand (16 values of a 16-bit type, 8 of f32).
         let budget = Budget {
             max_values: 8,
             packed: true,
             columns: false,
-            groups_share_blocks: true,
+            groups_share_blocks: NORM_BWD_GROUPS_SHARE_BLOCKS,
         };
         let limit = block_limit(gpu, |k| bwd_kernel(k, dtype));
         let operands = [true, true, true, false];

@@ -44,7 +44,8 @@ pub(crate) enum RowKernel {
 /// row's vectors as loaded (`Held` in `kernels/src/rows.rs`) and the budget counts 32-bit
 /// registers: a 16-bit type fits twice as many values. With `groups_share_blocks`, the
 /// in-register kernels' groups of several warps meet at named barriers, so several share
-/// a block (`Group::sharing_blocks`); otherwise such a group is a block of its own.
+/// a block (`Group::of` in the kernels, from the same constant); otherwise such a group is
+/// a block of its own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Budget {
     pub max_values: usize,
