@@ -54,9 +54,6 @@ fn main() {
     let mut modules = Vec::new();
     for (build, arch) in [(main, arch.as_str()), (hopper, HOPPER_ARCH)] {
         let ptx = tensor_map_alignment(&occupancy_hints(&declare_dynamic_smem(&build.finish())));
-        let embedded = out.join(format!("oxidnn_kernels_{arch}.ptx"));
-        fs::write(&embedded, &ptx)
-            .unwrap_or_else(|e| fail(&format!("writing {}: {e}", embedded.display())));
         let entries = entry_names(&ptx);
         if entries.is_empty() {
             fail(&format!(
@@ -104,7 +101,14 @@ fn embed_modules(modules: &[(&str, ptx_modules::Module)], out: &Path) -> String 
         s,
         "/// Each op family's PTX module: (family, PTX). A family's kernels are named `<family>_*`."
     );
-    let _ = writeln!(s, "pub const MODULES: &[(&str, &str)] = &[");
+    // Statics, not consts: a const's value is copied into every codegen unit that reads it
+    // and into the crate's metadata, which put the ~70 MB of PTX into each test binary twice
+    // and into every `.rmeta`; a static is emitted once.
+    let _ = writeln!(
+        s,
+        "pub static MODULES: [(&str, &str); {}] = [",
+        modules.len()
+    );
     for (_, m) in modules {
         let path = dir.join(format!("{}.ptx", m.family));
         fs::write(&path, &m.ptx)
@@ -121,7 +125,12 @@ fn embed_modules(modules: &[(&str, ptx_modules::Module)], out: &Path) -> String 
         "/// The PTX target of each module of [`MODULES`] (`sm_90a` modules run on CC 9.0 only)."
     );
     let archs: Vec<String> = modules.iter().map(|(a, _)| format!("{a:?}")).collect();
-    let _ = writeln!(s, "pub const ARCHS: &[&str] = &[{}];", archs.join(", "));
+    let _ = writeln!(
+        s,
+        "pub static ARCHS: [&str; {}] = [{}];",
+        archs.len(),
+        archs.join(", ")
+    );
     let _ = writeln!(
         s,
         "/// The index in [`MODULES`] of the module that holds `kernel`."
