@@ -46,7 +46,7 @@ unsafe impl Sync for Function {}
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
-    /// The modules of [`modules::MODULES`], each loaded on first use (loading JIT-compiles
+    /// The modules of [`modules::ptx`], each loaded on first use (loading JIT-compiles
     /// the PTX, or takes it from the driver's cache).
     modules: Mutex<Vec<Option<Arc<Module>>>>,
     /// Each function used so far, with the dynamic shared memory it has been allowed.
@@ -143,7 +143,7 @@ impl Gpu {
         Ok(Self {
             ctx,
             stream,
-            modules: Mutex::new(vec![None; modules::MODULES.len()]),
+            modules: Mutex::new(vec![None; modules::ptx().len()]),
             functions: Mutex::new(HashMap::new()),
             sm_count,
             shared_per_sm,
@@ -210,7 +210,7 @@ impl Gpu {
         if let Some(m) = &loaded[index] {
             return Ok(m.clone());
         }
-        let (family, ptx) = modules::MODULES[index];
+        let (family, ptx) = modules::ptx()[index];
         let ptx = CString::new(ptx).map_err(|_| {
             Error::unsupported(format!("the embedded `{family}` PTX contains a NUL byte"))
         })?;

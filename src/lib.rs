@@ -93,5 +93,5 @@ pub use ops::tensor_ops::{
 /// `ptxas`). A handle loads a family's module the first time it runs one of its kernels
 /// (`<family>_*`).
 pub fn ptx_modules() -> &'static [(&'static str, &'static str)] {
-    &launch::modules::MODULES
+    launch::modules::ptx()
 }
