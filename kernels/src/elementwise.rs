@@ -162,12 +162,14 @@ unsafe fn map_vectors<S: Element, T: Element, const N: usize, const M: usize, co
     // Raw words, unpacked only when used: 16-bit data stays two elements per register.
     let mut vals = [[[0u32; 4]; V]; N];
     let mut olds = [[0u32; 4]; V];
-    let mut bvals = [[0.0f32; K]; V];
+    // The broadcast operand's values, repacked into `S`'s words (exact: they are `S`
+    // values): 16-bit data then keeps two per register, as the other inputs do.
+    let mut bvals = [[0u32; 4]; V];
     let is_broadcast = |k: usize| matches!(broadcast, Some(b) if b.input == k);
     crate::unroll!(v in [0, 1, 2, 3] {
         let at = start(v);
         if let Some(b) = &broadcast {
-            bvals[v] = broadcast_vector::<S, M, K>(b, ins[b.input], at);
+            bvals[v] = S::pack::<K>(broadcast_vector::<S, M, K>(b, ins[b.input], at));
         }
         for k in 0..N {
             if is_broadcast(k) {
@@ -184,7 +186,11 @@ unsafe fn map_vectors<S: Element, T: Element, const N: usize, const M: usize, co
     crate::unroll!(v in [0, 1, 2, 3] {
         let mut ins_v = [[0.0f32; K]; N];
         for k in 0..N {
-            ins_v[k] = if is_broadcast(k) { bvals[v] } else { S::unpack::<K>(vals[k][v]) };
+            ins_v[k] = if is_broadcast(k) {
+                S::unpack::<K>(bvals[v])
+            } else {
+                S::unpack::<K>(vals[k][v])
+            };
         }
         let old_v = T::unpack::<K>(olds[v]);
         let mut res = [0.0f32; K];

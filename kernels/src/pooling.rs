@@ -2424,10 +2424,10 @@ unsafe fn bwd_walk_vec_max<
             let y_raw = ys[b];
             let yv = T::unpack::<K>(y_raw);
             let nan = (0..K).fold(false, |nan, k| nan | (yv[k] != yv[k]));
-            // The window's dy as loaded (none, +0, for a window that is not the band's);
-            // each element it wins takes it through its mask (sums start at +0: adding +0
-            // keeps them).
-            let g = if live(oh, b) { gs[b] } else { [0; 4] };
+            // The window's dy as `fetch` loaded it (+0 for a window that is not the
+            // band's); each element it wins takes it through its mask (sums start at +0:
+            // adding +0 keeps them).
+            let g = gs[b];
             let mut add = |e: usize, won: Vec16| {
                 let q = S * b + e % WIN;
                 if (own..own + S).contains(&q) {
