@@ -24,7 +24,7 @@ cargo test --release --no-run --message-format=json | executables | while read -
   esac
 done
 cargo build --release --bin oxidnn-demo
-cp target/release/oxidnn-demo "$out/"
+cp "${CARGO_TARGET_DIR:-target}/release/oxidnn-demo" "$out/"
 if [ -z "${OXIDNN_NO_BENCH:-}" ]; then
   cargo bench --features "cudnn-bench cublas-bench" --no-run --message-format=json | executables | while read -r kind name exe; do
     if [ "$kind" = bench ]; then cp "$exe" "$out/$name"; fi
