@@ -356,7 +356,8 @@ unsafe fn load_relu_bits<const KV: usize>(mask: *const u32, o: u64) -> u32 {
 
 /// Stores the relu mask's bits of the `KV` elements at offset `o`: bit `e` says whether
 /// `out[e]`, as stored in `T`, is positive. A vector of 8 is one byte (`o` is a multiple
-/// of 8 there); fewer elements update their bits of a shared word atomically.
+/// of 8 there); fewer elements update their bits of a shared word, merged with the other
+/// lanes of the warp that update the same word ([`device::warp_assign_bits`]).
 ///
 /// # Safety
 /// `mask` holds bit `o + KV - 1` and is 4-byte aligned.
@@ -373,7 +374,7 @@ unsafe fn store_relu_bits<T: Element, const KV: usize>(mask: *mut u32, o: u64, o
     } else {
         let shift = (o % 32) as u32;
         let word = mask.add((o / 32) as usize);
-        device::red_global_assign_bits(word, ((1 << KV) - 1) << shift, bits << shift);
+        device::warp_assign_bits(word, ((1 << KV) - 1) << shift, bits << shift);
     }
 }
 

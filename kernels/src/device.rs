@@ -631,18 +631,45 @@ ld_global_v4_with!(
     "ld.global.cs.v4.u32"
 );
 
-/// Atomically clears the bits of `clear` and then sets those of `set` in the global word
-/// at `p` (two relaxed reductions, ordered as this thread's accesses to one address are):
-/// threads that own disjoint bits of a word update them without a race.
+/// Clears the bits of `clear` and then sets those of `set` in the global word at `p`, so
+/// that threads owning disjoint bits of a word update them without a race, merged across
+/// the calling warp: the active lanes whose `p` is the same word combine their `clear` and
+/// `set` bits (`match.any`, `redux.or`), and the lowest of them updates the word for all,
+/// with a plain store where together they clear every bit of it (no other thread owns
+/// any), else with two relaxed atomic reductions (`and`, then `or`, ordered as one
+/// thread's accesses to one address are). Where neighbouring lanes own neighbouring bits
+/// (a relu mask of 1- or 4-element vectors), a word takes one access instead of up to 64
+/// atomics.
+///
+/// Every active lane must call it with its own update (`set` within `clear`); the lanes
+/// of a word may come from any part of the warp. One asm block, so the compiler cannot
+/// separate the lanes' rendezvous (`activemask` and the `.sync` instructions) from the
+/// update.
 ///
 /// # Safety
-/// `p` is 4-byte aligned and points into global memory.
+/// `p` is 4-byte aligned and points into global memory, and the threads updating a word
+/// own disjoint bits of it.
 #[inline(always)]
-pub unsafe fn red_global_assign_bits(p: *mut u32, clear: u32, set: u32) {
+pub unsafe fn warp_assign_bits(p: *mut u32, clear: u32, set: u32) {
     asm!(
-        "red.relaxed.gpu.global.and.b32 [{p}], {c};",
-        "red.relaxed.gpu.global.or.b32 [{p}], {s};",
-        p = in(reg64) p, c = in(reg32) !clear, s = in(reg32) set,
+        "{{ .reg .b32 lanes, peers, all_clear, all_set, lowest, me;",
+        ".reg .pred leads, whole, part;",
+        "activemask.b32 lanes;",
+        "match.any.sync.b64 peers, {p}, lanes;",
+        "redux.sync.or.b32 all_clear, {c}, peers;",
+        "redux.sync.or.b32 all_set, {s}, peers;",
+        // The peer group's lowest lane, as a one-bit mask, against this lane's.
+        "neg.s32 lowest, peers;",
+        "and.b32 lowest, lowest, peers;",
+        "mov.u32 me, %lanemask_eq;",
+        "setp.eq.u32 leads, lowest, me;",
+        "setp.eq.and.u32 whole, all_clear, 0xffffffff, leads;",
+        "setp.ne.and.u32 part, all_clear, 0xffffffff, leads;",
+        "@whole st.global.u32 [{p}], all_set;",
+        "not.b32 all_clear, all_clear;",
+        "@part red.relaxed.gpu.global.and.b32 [{p}], all_clear;",
+        "@part red.relaxed.gpu.global.or.b32 [{p}], all_set; }}",
+        p = in(reg64) p, c = in(reg32) clear, s = in(reg32) set,
         options(nostack, preserves_flags),
     );
 }
