@@ -27,7 +27,8 @@
 //! * `batch_norm_fwd_staged_rows_<dtype>`: the fused forward with the block's feature
 //!   copied into shared memory first (`cp.async`, all of it in flight at once), then
 //!   reduced and applied from there, so `x` is read from memory once (features of up to
-//!   half an SM's shared memory, vectors of 4 bytes or more).
+//!   half an SM's shared memory, vectors of 4 bytes or more). The `staged_masked` kernels
+//!   also write the relu mask, and keep several loads of the residual `z` in flight.
 //!
 //! * `batch_norm_{fwd,bwd}_resident_cols_<dtype>`: the whole training pass of a cols
 //!   problem with 16-byte vectors in one cooperative launch (see
@@ -1656,16 +1657,46 @@ unsafe fn unstage<T: Element, const KV: usize>(addr: u32) -> Vec16 {
     }
 }
 
-/// [`fwd_fused_rows`] with the feature staged in shared memory: every thread first copies
-/// its vectors there (`cp.async`, all of them in flight at once), then reduces and
-/// applies them from there, so `x` is read from memory once. Vector `j` of the feature
-/// sits at `j * KV * size_of::<T>()` of the dynamic shared memory; each thread reads back
-/// only the vectors it copied, so the phases need no block barrier.
+/// The plain staged forward (no relu mask): its apply reads only shared memory (and `z`
+/// with `ADD`), a vector at a time, for the fewest registers and the most blocks per SM.
 ///
 /// # Safety
 /// As `batch_norm_fwd_staged_rows_*`.
 #[inline(always)]
 unsafe fn fwd_staged_rows<T: Element, const KV: usize>(
+    p: &BatchNormFusedParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+) {
+    fwd_staged::<T, KV, 1>(p, io, out)
+}
+
+/// The masked staged forward (a network's fused add + relu with the reserve space): its
+/// apply takes [`FWD_UNROLL`] vectors at a time, so that as many loads of the residual `z`
+/// are in flight.
+///
+/// # Safety
+/// As `batch_norm_fwd_staged_masked_rows_*`.
+#[inline(always)]
+unsafe fn fwd_staged_masked_rows<T: Element, const KV: usize>(
+    p: &BatchNormFusedParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+) {
+    fwd_staged::<T, KV, FWD_UNROLL>(p, io, out)
+}
+
+/// [`fwd_fused_rows`] with the feature staged in shared memory: every thread first copies
+/// its vectors there (`cp.async`, all of them in flight at once), then reduces and
+/// applies them from there (`UN` vectors at a time), so `x` is read from memory once.
+/// Vector `j` of the feature sits at `j * KV * size_of::<T>()` of the dynamic shared
+/// memory; each thread reads back only the vectors it copied, so the phases need no
+/// block barrier.
+///
+/// # Safety
+/// As `batch_norm_fwd_staged_rows_*`.
+#[inline(always)]
+unsafe fn fwd_staged<T: Element, const KV: usize, const UN: usize>(
     p: &BatchNormFusedParams,
     io: FwdIo<T>,
     out: &FwdStatsOut,
@@ -1692,7 +1723,7 @@ unsafe fn fwd_staged_rows<T: Element, const KV: usize>(
     let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
     let c = [[c[0], c[2], c[3]]; KV];
     let load_x = |j: u32, _: [u64; 6]| from_stage(j);
-    fwd_apply::<T, KV, 1>(&p.apply, io, w.range(), 0, base, KV as u32, &c, load_x);
+    fwd_apply::<T, KV, UN>(&p.apply, io, w.range(), 0, base, KV as u32, &c, load_x);
 }
 
 #[inline(always)]
@@ -2318,16 +2349,31 @@ macro_rules! batch_norm_entry_points {
             /// # Safety
             /// As `batch_norm_fwd_fused_rows_*`, with vectors of 4 bytes or more and
             /// `chunk_len * vector * size_of::<T>()` bytes of dynamic shared memory
-            /// (16-byte aligned).
+            /// (16-byte aligned). Writes no relu mask (`p.apply.relu_mask` is not read).
             #[unsafe(no_mangle)]
             pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_rows_ $dt>](
                 p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
                 scale: *const f32, bias: *const f32, running_mean: *mut f32,
                 running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
             ) {
-                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
+                // A null constant: the mask's code folds away, and its registers.
+                let io = FwdIo { x, z, y, mask: core::ptr::null_mut() };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
                 by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
+            }
+
+            /// # Safety
+            /// As `batch_norm_fwd_staged_rows_*`; with `RELU`, also writes the relu mask
+            /// to `p.apply.relu_mask` (a bit per element of `x`'s span, 4-byte aligned).
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_masked_rows_ $dt>](
+                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
+                scale: *const f32, bias: *const f32, running_mean: *mut f32,
+                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+            ) {
+                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
+                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+                by_width!($T, p.apply.geo.vector, fwd_staged_masked_rows(&p, io, &out))
             }
 
             /// # Safety

@@ -373,6 +373,8 @@ struct FusedPlan {
     usable: bool,
     /// Whether the problem has the rows mapping (where the staged forward may run).
     rows: bool,
+    /// Whether the forward writes the relu mask (the masked staged kernel).
+    masked: bool,
 }
 
 impl FusedPlan {
@@ -386,18 +388,19 @@ impl FusedPlan {
     }
 
     /// The forward's one-launch kernel and launch, if the problem takes one (rows
-    /// mapping): `batch_norm_fwd_staged_rows_*` where a feature's vectors (of 4 bytes or
-    /// more) fit in the shared memory of half an SM and there are at least as many
-    /// features as SMs, so each block reads its feature from memory once while another
-    /// block computes; otherwise the plain fused kernel where [`Self::usable`] (it reads
-    /// each feature twice, the second time mostly from L1/L2).
+    /// mapping): `batch_norm_fwd_staged_rows_*` (`staged_masked` with the relu mask)
+    /// where a feature's vectors (of 4 bytes or more) fit in the shared memory of half an
+    /// SM and there are at least as many features as SMs, so each block reads its feature
+    /// from memory once while another block computes; otherwise the plain fused kernel
+    /// where [`Self::usable`] (it reads each feature twice, the second time mostly from
+    /// L1/L2).
     fn forward(&self, gpu: &Gpu, dtype: DataType) -> Result<Option<(&'static str, LaunchConfig)>> {
         let g = self.geo;
         let vector_bytes = g.vector as usize * dtype.size_bytes();
         let bytes = g.chunk_len as usize * vector_bytes;
         let many = g.features >= gpu.sm_count;
         if self.rows && many && vector_bytes >= 4 && bytes <= gpu.shared_per_block_optin as usize {
-            let kernel = staged_kernel(dtype)?;
+            let kernel = staged_kernel(dtype, self.masked)?;
             if resident_with(gpu, kernel, self.threads, bytes as u32)? >= 2 {
                 let config = LaunchConfig {
                     shared_bytes: bytes as u32,
@@ -993,6 +996,7 @@ fn plan_problem(
             threads: BN_BLOCK_THREADS,
             usable: occ.fused_fits(mode, x_desc),
             rows: !cols,
+            masked: occ.pass == Pass::ForwardMasked,
         },
     })
 }
@@ -1025,8 +1029,12 @@ fn fused_kernel(dtype: DataType, forward: bool) -> Result<&'static str> {
     k.ok_or_else(|| unsupported_dtype(dtype))
 }
 
-fn staged_kernel(dtype: DataType) -> Result<&'static str> {
-    kernels::batch_norm_fwd_staged_rows(dtype).ok_or_else(|| unsupported_dtype(dtype))
+fn staged_kernel(dtype: DataType, masked: bool) -> Result<&'static str> {
+    let k = match masked {
+        false => kernels::batch_norm_fwd_staged_rows(dtype),
+        true => kernels::batch_norm_fwd_staged_masked_rows(dtype),
+    };
+    k.ok_or_else(|| unsupported_dtype(dtype))
 }
 
 fn apply_kernel(cols: bool, dtype: DataType, pass: Pass) -> Result<&'static str> {
