@@ -28,7 +28,8 @@
 //!   copied into shared memory first (`cp.async`, all of it in flight at once), then
 //!   reduced and applied from there, so `x` is read from memory once (features of up to
 //!   half an SM's shared memory, vectors of 4 bytes or more). The `staged_masked` kernels
-//!   also write the relu mask, and keep several loads of the residual `z` in flight.
+//!   also write the relu mask; the `staged_masked_unrolled` ones keep several loads of the
+//!   residual `z` in flight, for more registers.
 //!
 //! * `batch_norm_{fwd,bwd}_resident_cols_<dtype>`: the whole training pass of a cols
 //!   problem with 16-byte vectors in one cooperative launch (see
@@ -1657,8 +1658,8 @@ unsafe fn unstage<T: Element, const KV: usize>(addr: u32) -> Vec16 {
     }
 }
 
-/// The plain staged forward (no relu mask): its apply reads only shared memory (and `z`
-/// with `ADD`), a vector at a time, for the fewest registers and the most blocks per SM.
+/// The staged forward whose apply reads a vector at a time (from shared memory, and `z`
+/// with `ADD`), for the fewest registers and the most blocks per SM.
 ///
 /// # Safety
 /// As `batch_norm_fwd_staged_rows_*`.
@@ -1671,14 +1672,14 @@ unsafe fn fwd_staged_rows<T: Element, const KV: usize>(
     fwd_staged::<T, KV, 1>(p, io, out)
 }
 
-/// The masked staged forward (a network's fused add + relu with the reserve space): its
-/// apply takes [`FWD_UNROLL`] vectors at a time, so that as many loads of the residual `z`
-/// are in flight.
+/// The unrolled staged forward (for a network's fused add + relu with the reserve space,
+/// where shared memory bounds the blocks per SM): its apply takes [`FWD_UNROLL`] vectors
+/// at a time, so that as many loads of the residual `z` are in flight, for more registers.
 ///
 /// # Safety
-/// As `batch_norm_fwd_staged_masked_rows_*`.
+/// As `batch_norm_fwd_staged_masked_unrolled_rows_*`.
 #[inline(always)]
-unsafe fn fwd_staged_masked_rows<T: Element, const KV: usize>(
+unsafe fn fwd_staged_unrolled_rows<T: Element, const KV: usize>(
     p: &BatchNormFusedParams,
     io: FwdIo<T>,
     out: &FwdStatsOut,
@@ -2373,7 +2374,20 @@ macro_rules! batch_norm_entry_points {
             ) {
                 let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
                 let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
-                by_width!($T, p.apply.geo.vector, fwd_staged_masked_rows(&p, io, &out))
+                by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
+            }
+
+            /// # Safety
+            /// As `batch_norm_fwd_staged_masked_rows_*`.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_masked_unrolled_rows_ $dt>](
+                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
+                scale: *const f32, bias: *const f32, running_mean: *mut f32,
+                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+            ) {
+                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
+                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+                by_width!($T, p.apply.geo.vector, fwd_staged_unrolled_rows(&p, io, &out))
             }
 
             /// # Safety
