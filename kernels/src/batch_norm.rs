@@ -2249,6 +2249,32 @@ macro_rules! fwd_apply_entry_point {
     };
 }
 
+/// A staged forward's entry point of dtype `$T`: `$body` (`fwd_staged_rows` or
+/// `fwd_staged_unrolled_rows`), with the relu mask of the parameters if `$masked`, else a
+/// null constant, so that the mask's code folds away, and its registers. (Laid out as the
+/// entry points in `batch_norm_entry_points!`.)
+#[rustfmt::skip]
+macro_rules! fwd_staged_entry_point {
+    ($T:ty, $name:ident, $body:ident, $doc:literal, $masked:literal) => {
+        /// # Safety
+        /// As `batch_norm_fwd_fused_rows_*`, with vectors of 4 bytes or more and
+        /// `chunk_len * vector * size_of::<T>()` bytes of dynamic shared memory (16-byte
+        /// aligned).
+        #[doc = $doc]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
+            scale: *const f32, bias: *const f32, running_mean: *mut f32,
+            running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+        ) {
+            let mask = if $masked { p.apply.relu_mask as *mut u32 } else { core::ptr::null_mut() };
+            let io = FwdIo { x, z, y, mask };
+            let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+            by_width!($T, p.apply.geo.vector, $body(&p, io, &out))
+        }
+    };
+}
+
 macro_rules! batch_norm_entry_points {
     ($dt:ident, $T:ty) => {
         paste::paste! {
@@ -2347,48 +2373,15 @@ macro_rules! batch_norm_entry_points {
                 by_width!($T, p.apply.geo.vector, fwd_fused_rows(&p, io, &out))
             }
 
-            /// # Safety
-            /// As `batch_norm_fwd_fused_rows_*`, with vectors of 4 bytes or more and
-            /// `chunk_len * vector * size_of::<T>()` bytes of dynamic shared memory
-            /// (16-byte aligned). Writes no relu mask (`p.apply.relu_mask` is not read).
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_rows_ $dt>](
-                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
-                scale: *const f32, bias: *const f32, running_mean: *mut f32,
-                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
-            ) {
-                // A null constant: the mask's code folds away, and its registers.
-                let io = FwdIo { x, z, y, mask: core::ptr::null_mut() };
-                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
-                by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
-            }
-
-            /// # Safety
-            /// As `batch_norm_fwd_staged_rows_*`; with `RELU`, also writes the relu mask
-            /// to `p.apply.relu_mask` (a bit per element of `x`'s span, 4-byte aligned).
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_masked_rows_ $dt>](
-                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
-                scale: *const f32, bias: *const f32, running_mean: *mut f32,
-                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
-            ) {
-                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
-                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
-                by_width!($T, p.apply.geo.vector, fwd_staged_rows(&p, io, &out))
-            }
-
-            /// # Safety
-            /// As `batch_norm_fwd_staged_masked_rows_*`.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "ptx-kernel" fn [<batch_norm_fwd_staged_masked_unrolled_rows_ $dt>](
-                p: BatchNormFusedParams, x: *const $T, z: *const $T, y: *mut $T,
-                scale: *const f32, bias: *const f32, running_mean: *mut f32,
-                running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
-            ) {
-                let io = FwdIo { x, z, y, mask: p.apply.relu_mask as *mut u32 };
-                let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
-                by_width!($T, p.apply.geo.vector, fwd_staged_unrolled_rows(&p, io, &out))
-            }
+            fwd_staged_entry_point!($T, [<batch_norm_fwd_staged_rows_ $dt>], fwd_staged_rows,
+                "Writes no relu mask (`p.apply.relu_mask` is not read).", false);
+            fwd_staged_entry_point!($T, [<batch_norm_fwd_staged_masked_rows_ $dt>],
+                fwd_staged_rows,
+                "With `RELU`, also writes the relu mask to `p.apply.relu_mask` (a bit per \
+                element of `x`'s span, 4-byte aligned).", true);
+            fwd_staged_entry_point!($T, [<batch_norm_fwd_staged_masked_unrolled_rows_ $dt>],
+                fwd_staged_unrolled_rows,
+                "As the masked kernel, applying four vectors at a time.", true);
 
             /// # Safety
             /// The pointers of the backward stats, finalize and apply kernels together
