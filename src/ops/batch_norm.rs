@@ -388,8 +388,8 @@ impl FusedPlan {
     }
 
     /// The forward's one-launch kernel and launch, if the problem takes one (rows
-    /// mapping): `batch_norm_fwd_staged_rows_*` (`staged_masked`, or where it fits as
-    /// many blocks per SM `staged_masked_unrolled`, with the relu mask) where a feature's
+    /// mapping): `batch_norm_fwd_staged_rows_*` (`staged_masked`, or in f32 where it fits
+    /// as many blocks per SM `staged_masked_unrolled`, with the relu mask) where a feature's
     /// vectors (of 4 bytes or more) fit in the shared memory of half an SM and there are
     /// at least as many features as SMs, so each block reads its feature from memory once
     /// while another block computes; otherwise the plain fused kernel where
@@ -407,17 +407,9 @@ impl FusedPlan {
                 // more registers: taken where as many of its blocks fit an SM (shared
                 // memory bounds them). (H200, f32 NCHW N = 32: 512x28x28 12% faster, two
                 // blocks an SM either way; at 1024x14x14 it fits half as many, 24% slower.)
-                let kernel = match self.masked {
-                    true => {
-                        let unrolled = staged_unrolled_kernel(dtype)?;
-                        let fits = resident_with(gpu, unrolled, self.threads, bytes as u32)?;
-                        if fits >= per_sm {
-                            unrolled
-                        } else {
-                            kernel
-                        }
-                    }
-                    false => kernel,
+                let kernel = match staged_unrolled_kernel(dtype).filter(|_| self.masked) {
+                    Some(u) if resident_with(gpu, u, self.threads, bytes as u32)? >= per_sm => u,
+                    _ => kernel,
                 };
                 let config = LaunchConfig {
                     shared_bytes: bytes as u32,
@@ -1054,9 +1046,9 @@ fn staged_kernel(dtype: DataType, masked: bool) -> Result<&'static str> {
     k.ok_or_else(|| unsupported_dtype(dtype))
 }
 
-fn staged_unrolled_kernel(dtype: DataType) -> Result<&'static str> {
+/// The masked staged forward's unrolled kernel, where `dtype` has one (f32).
+fn staged_unrolled_kernel(dtype: DataType) -> Option<&'static str> {
     kernels::batch_norm_fwd_staged_masked_unrolled_rows(dtype)
-        .ok_or_else(|| unsupported_dtype(dtype))
 }
 
 fn apply_kernel(cols: bool, dtype: DataType, pass: Pass) -> Result<&'static str> {
