@@ -38,7 +38,7 @@
 //!   memory (and from memory for the rows that did not fit). The finalize: where each
 //!   tile has few chunks, a barrier of the tile's blocks and every block finalizing its
 //!   tile itself; otherwise grid barriers around a finalize shared out over the grid's
-//!   warps.
+//!   blocks, a feature a block.
 //!
 //! The apply loops are specialized for the common epilogues (plain, and add + relu, with
 //! `alpha = 1`, `beta = 0`): no per-element flag tests or blend arithmetic there.
@@ -61,8 +61,9 @@ use crate::activation::{blend, forward as activation};
 use crate::device::{
     self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca, cp_async_commit,
     cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, group_barrier, lane_id,
-    ld_shared_u32, ld_shared_v2, ld_shared_v4, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64,
-    st_shared_v4, sync_threads_divergent, thread_idx_x, warp_id, SharedF32, Vec16,
+    ld_shared_u32, ld_shared_v2, ld_shared_v4, ld_shared_words, shfl_xor_f32, shfl_xor_f64, sqrt,
+    sqrt_f64, st_shared_v4, st_shared_words, sync_threads_divergent, thread_idx_x, warp_id,
+    SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
@@ -1003,17 +1004,17 @@ unsafe fn feature_total(
     partials: *const BatchNormPartial,
     merge: impl Fn(Total, Total) -> Total,
 ) -> Total {
-    let t = chunks_total(f, features, (lane_id(), chunks, 32), partials, &merge);
+    let t = chunks_total::<4>(f, features, (lane_id(), chunks, 32), partials, &merge);
     butterfly(t, 32, merge)
 }
 
 /// Feature `f`'s partials of the chunks `first, first + step, .. < end`, merged in that
-/// order in f64 (loaded four at a time).
+/// order in f64 (loaded `UN` at a time).
 ///
 /// # Safety
 /// `partials` holds `end * features` entries (chunk-major).
 #[inline(always)]
-unsafe fn chunks_total(
+unsafe fn chunks_total<const UN: usize>(
     f: u32,
     features: u32,
     range: (u32, u32, u32),
@@ -1034,17 +1035,65 @@ unsafe fn chunks_total(
         };
         *t = merge(*t, next);
     };
-    visit::<4, BatchNormPartial, _>(
+    visit::<UN, BatchNormPartial, _>(
         range,
         &mut t,
         #[inline(always)]
         |c| *partials.add((c * features + f) as usize),
         #[inline(always)]
-        |t, _, parts| crate::unrolled!(u in 4 => add(t, parts[u])),
+        |t, _, parts| crate::unrolled!(u in UN => add(t, parts[u])),
         #[inline(always)]
         |t, _, part| add(t, part),
     );
     t
+}
+
+/// Feature `f`'s partials merged by the whole block: thread `t` takes chunks `t, t +
+/// threads, ..` ([`chunks_total`], two at a time: up to 512 chunks the merge waits for
+/// memory once, where a warp's lanes took several partials each in turn), each warp
+/// merges its lanes by a butterfly and the first warp the warps' totals by another;
+/// thread 0's result is returned to thread 0. Uses the block's reduction scratch.
+///
+/// # Safety
+/// `partials` holds `chunks * features` entries; every thread of the block calls it, and
+/// no thread uses the scratch (the first `24 * warps` bytes of dynamic shared memory)
+/// across the call.
+#[inline(always)]
+unsafe fn block_feature_total(
+    f: u32,
+    features: u32,
+    chunks: u32,
+    partials: *const BatchNormPartial,
+    merge: &impl Fn(Total, Total) -> Total,
+) -> Total {
+    let range = (thread_idx_x(), chunks, block_dim_x());
+    let t = butterfly(
+        chunks_total::<2>(f, features, range, partials, merge),
+        32,
+        merge,
+    );
+    let slot = |w: u32| dynamic_smem() + w * size_of::<Total>() as u32;
+    // SAFETY: warp < BN_BLOCK_WARPS, so every slot lies in the reduction scratch
+    // (BN_COLS_SHARED_BYTES); the barriers order the stores before the loads and the
+    // loads before the next call's stores.
+    if lane_id() == 0 {
+        st_shared_words(slot(warp_id()), t);
+    }
+    sync_threads_divergent();
+    let mut total = t;
+    if warp_id() == 0 {
+        total = Total {
+            n: 0.0,
+            a: 0.0,
+            b: 0.0,
+        };
+        if lane_id() < block_dim_x() / 32 {
+            total = ld_shared_words::<Total>(slot(lane_id()));
+        }
+        total = butterfly(total, 32, merge);
+    }
+    sync_threads_divergent();
+    total
 }
 
 /// `t` merged over each aligned group of `width` lanes (a power of two up to 32) by a
@@ -1864,14 +1913,13 @@ unsafe fn resident_coefficients<const KV: usize>(
         })
     } else {
         grid_barrier(sync.barrier);
-        let warps = block_dim_x() / 32;
-        let mut f = block_idx_x() * warps + warp_id();
+        let mut f = block_idx_x();
         while f < g.features {
-            let t = feature_total(f, g.features, g.chunks, sync.partials, &merge);
-            if lane_id() == 0 {
+            let t = block_feature_total(f, g.features, g.chunks, sync.partials, &merge);
+            if thread_idx_x() == 0 {
                 *sync.coef.add(f as usize) = finish(f, t, true);
             }
-            f += grid_dim_x() * warps;
+            f += grid_dim_x();
         }
         grid_barrier(sync.barrier);
         if !w.active {
@@ -1917,7 +1965,7 @@ unsafe fn tile_finalize<const KV: usize>(
     };
     if mine {
         let range = (lane, g.chunks, 1 << lanes_log2);
-        total = chunks_total(f, g.features, range, partials, merge);
+        total = chunks_total::<4>(f, g.features, range, partials, merge);
     }
     let total = butterfly(total, 1 << lanes_log2, merge);
     if lane == 0 && mine {
