@@ -1880,8 +1880,9 @@ struct Sync {
 /// The coefficients of a resident block's features, from the block's statistics `total`
 /// ([`cols_reduce`]): its partials are written, then, with `local_finalize`, a barrier of
 /// the tile's blocks and every block finalizing the tile itself ([`tile_finalize`]);
-/// otherwise a grid barrier, the grid's warps finalizing the features in turn (through the
-/// workspace's coefficients) and another grid barrier. `finish(f, total, write)` makes
+/// otherwise a grid barrier, the grid's blocks finalizing a feature each in turn
+/// ([`block_feature_total`], through the workspace's coefficients) and another grid
+/// barrier. `finish(f, total, write)` makes
 /// feature `f`'s coefficient (with `write`, also its per-feature outputs: exactly once per
 /// feature). Every thread of the block calls it; inactive threads get zeros.
 ///

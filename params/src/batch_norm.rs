@@ -204,8 +204,9 @@ pub struct BatchNormFusedParams {
 /// to first, then the resident rows). The finalize, with `fused.finalize`'s formulas:
 /// with `local_finalize`, each tile's blocks meet at a barrier of their own (`chunks`
 /// blocks) and each finalizes the tile's features itself, into its shared memory (no
-/// second barrier); otherwise the grid's warps take the features in turn, as the
-/// finalize kernel, between two grid barriers, the coefficients through the workspace.
+/// second barrier); otherwise the grid's blocks take a feature each in turn, with the
+/// finalize kernel's formulas, between two grid barriers, the coefficients through the
+/// workspace.
 /// Barrier state: a `[arrived, generation]` pair per tile (at most [`crate::BARRIER_GROUPS`]),
 /// the first also the grid's.
 #[repr(C)]

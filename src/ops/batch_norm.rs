@@ -559,7 +559,8 @@ const RESIDENT_SHARE_SLACK: f64 = 0.8;
 const LOCAL_TILE_VECTORS: u32 = 8;
 
 /// The most partials a thread merges when the blocks finalize their own tiles; with more,
-/// the grid's warps share the finalize out instead (behind a second grid barrier).
+/// the grid's blocks share the finalize out instead, a feature a block (behind a second
+/// grid barrier).
 const LOCAL_FINALIZE_MAX_MERGES: u32 = 16;
 
 /// The resident plan's shape: cols mapping with 16-byte vectors, every feature tile given
