@@ -926,6 +926,13 @@ struct Total {
 }
 
 impl Total {
+    /// No elements: the identity of both merges.
+    const EMPTY: Total = Total {
+        n: 0.0,
+        a: 0.0,
+        b: 0.0,
+    };
+
     fn shfl(self, mask: u32) -> Self {
         Total {
             n: shfl_xor_f64(self.n, mask),
@@ -1021,11 +1028,7 @@ unsafe fn chunks_total<const UN: usize>(
     partials: *const BatchNormPartial,
     merge: &impl Fn(Total, Total) -> Total,
 ) -> Total {
-    let mut t = Total {
-        n: 0.0,
-        a: 0.0,
-        b: 0.0,
-    };
+    let mut t = Total::EMPTY;
     let add = #[inline(always)]
     |t: &mut Total, part: BatchNormPartial| {
         let next = Total {
@@ -1082,11 +1085,7 @@ unsafe fn block_feature_total(
     sync_threads_divergent();
     let mut total = t;
     if warp_id() == 0 {
-        total = Total {
-            n: 0.0,
-            a: 0.0,
-            b: 0.0,
-        };
+        total = Total::EMPTY;
         if lane_id() < block_dim_x() / 32 {
             total = ld_shared_words::<Total>(slot(lane_id()));
         }
@@ -1882,9 +1881,8 @@ struct Sync {
 /// the tile's blocks and every block finalizing the tile itself ([`tile_finalize`]);
 /// otherwise a grid barrier, the grid's blocks finalizing a feature each in turn
 /// ([`block_feature_total`], through the workspace's coefficients) and another grid
-/// barrier. `finish(f, total, write)` makes
-/// feature `f`'s coefficient (with `write`, also its per-feature outputs: exactly once per
-/// feature). Every thread of the block calls it; inactive threads get zeros.
+/// barrier. `finish(f, total, write)` makes feature `f`'s coefficient (with `write`, also
+/// its per-feature outputs: exactly once per feature). Every thread of the block calls it; inactive threads get zeros.
 ///
 /// # Safety
 /// As the resident kernels: a cooperative launch of the plan's grid, `sync` as the host
@@ -1959,11 +1957,7 @@ unsafe fn tile_finalize<const KV: usize>(
     let (i, lane) = (t >> lanes_log2, t & ((1 << lanes_log2) - 1));
     let f = (tile << per_tile_log2) + i;
     let mine = i < 1 << per_tile_log2 && f < g.features;
-    let mut total = Total {
-        n: 0.0,
-        a: 0.0,
-        b: 0.0,
-    };
+    let mut total = Total::EMPTY;
     if mine {
         let range = (lane, g.chunks, 1 << lanes_log2);
         total = chunks_total::<4>(f, g.features, range, partials, merge);
