@@ -287,6 +287,10 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     // at 80 registers, measured 4-20% slower on the H100.)
     ("batch_norm_fwd_resident_cols_", 256, 2),
     ("batch_norm_bwd_resident_cols_", 256, 2),
+    // The plain-epilogue cols apply (inference, and training without add or relu): four
+    // blocks per SM (<= 64 registers; ptxas 12.9 takes ~67 unbounded, 63-64 bounded with
+    // no spills), where the any-epilogue kernel's 92-96 registers allow two.
+    ("batch_norm_fwd_apply_plain_cols_", 256, 4),
     // The packed dropout forward: three blocks per SM (<= 85 registers: ptxas 12.9 takes
     // 80-88 unbounded, 79-80 bounded with no spills; at four blocks, 64, it spills).
     ("dropout_fwd_packed_", 256, 3),

@@ -939,14 +939,10 @@ fn gpu_resnet_like_shapes_in_nchw_and_nhwc() {
                         };
                         check_backward(h, &p, b, seed + 1);
                     }
-                    check_forward_inference(
-                        h,
-                        &p,
-                        BatchNormOps::BnActivation,
-                        (1.0, 0.0),
-                        1e-5,
-                        seed,
-                    );
+                    // Plain (the cols mapping's plain-epilogue kernel) and with a relu.
+                    for ops in [BatchNormOps::Bn, BatchNormOps::BnActivation] {
+                        check_forward_inference(h, &p, ops, (1.0, 0.0), 1e-5, seed);
+                    }
                 }
             }
         }

@@ -42,8 +42,13 @@
 //!
 //! The apply loops are specialized for the common epilogues (plain, and add + relu, with
 //! `alpha = 1`, `beta = 0`): no per-element flag tests or blend arithmetic there.
+//! `batch_norm_fwd_apply_plain_cols_<dtype>` holds the plain loop alone, for the host to
+//! launch where the epilogue is plain: fewer registers, so more blocks per SM. The cols
+//! apply kernels deal their rows to the blocks in turn (a block-wide step each), so the
+//! grid walks the tensor together.
 //!
-//! Inference is one apply launch whose coefficients come from the estimated statistics.
+//! Inference is one apply launch whose coefficients come from the estimated statistics
+//! (a cols block computes its tile's once, into shared memory).
 //!
 //! *Relu mask*: given a `relu_mask` (the training reserve space), forward training also
 //! stores whether each stored `y` is positive, one bit per element at `x`'s element
@@ -453,6 +458,29 @@ fn cols_work<const KV: usize>(g: &BatchNormGeometry, block: u32) -> Work {
         first: start + (t >> g.tile_vectors_log2),
         end: core::cmp::min(start + g.chunk_len, g.red_len),
         step: block_dim_x() >> g.tile_vectors_log2,
+    }
+}
+
+/// An apply kernel's share of a cols problem: [`cols_work`]'s, or with
+/// [`bn_flags::INTERLEAVE_ROWS`] its tile and features but the chunk's rows interleaved
+/// with the other chunks': block-wide steps of rows (`blockDim / tile_vectors` rows each)
+/// are dealt to the chunks in turn, so the grid's blocks walk the tensor together, a
+/// contiguous span at a time, where contiguous chunks have every resident block stream a
+/// region of its own. (The apply passes need no per-chunk result, so any partition of
+/// the rows serves them.)
+#[inline(always)]
+fn cols_apply_work<const KV: usize>(p: &BatchNormApplyParams, block: u32) -> Work {
+    let g = &p.geo;
+    let w = cols_work::<KV>(g, block);
+    if p.flags & bn_flags::INTERLEAVE_ROWS == 0 {
+        return w;
+    }
+    let rows_per_step = block_dim_x() >> g.tile_vectors_log2;
+    Work {
+        first: w.chunk * rows_per_step + (thread_idx_x() >> g.tile_vectors_log2),
+        end: g.red_len,
+        step: g.chunks * rows_per_step,
+        ..w
     }
 }
 
@@ -1287,6 +1315,29 @@ struct Epilogue {
     beta: f32,
 }
 
+/// The epilogues an apply kernel is compiled for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Epilogues {
+    /// The plain one alone (no residual add, no relu, `alpha = 1`, `beta = 0`; the host
+    /// launches such a kernel only then): one loop, and the registers of that loop alone,
+    /// so more blocks fit an SM.
+    Plain,
+    /// Whatever the parameters say ([`with_constant_epilogue`]).
+    Any,
+}
+
+/// `p` with the plain epilogue written in: constants, which [`with_constant_epilogue`]
+/// folds to the plain loop (the other loops are not compiled).
+#[inline(always)]
+fn with_plain_epilogue(p: &BatchNormApplyParams) -> BatchNormApplyParams {
+    BatchNormApplyParams {
+        flags: p.flags & !(bn_flags::ADD | bn_flags::RELU),
+        alpha: 1.0,
+        beta: 0.0,
+        ..*p
+    }
+}
+
 /// Runs `body` on `p`'s epilogue, where in the common cases it is a constant, so each
 /// gets its own loop with no per-element tests of flags and no blend arithmetic: plain
 /// (no residual add, no relu) and fused (add and relu), both with `alpha = 1`, `beta = 0`.
@@ -1325,13 +1376,83 @@ unsafe fn fwd_coef(
     var: *const f32,
 ) -> [f32; 3] {
     if p.flags & bn_flags::COEF_FROM_PARAMS != 0 {
-        let po = p.geo.feat.offsets(f)[PARAM] as usize;
-        let inv_std = 1.0 / sqrt(*var.add(po) + p.epsilon);
-        [*mean.add(po), *scale.add(po) * inv_std, *bias.add(po)]
+        coef_from_params(p, f, scale, bias, mean, var)
     } else {
         let c = (*coef.add(f as usize)).0;
         [c[0], c[2], c[3]]
     }
+}
+
+/// Inference's coefficients `(mean, a, bias)` of feature `f`, from the per-feature tensors:
+/// `a = scale / sqrt(var + epsilon)`.
+///
+/// # Safety
+/// The per-feature tensors cover feature `f`'s offset.
+#[inline(always)]
+unsafe fn coef_from_params(
+    p: &BatchNormApplyParams,
+    f: u32,
+    scale: *const f32,
+    bias: *const f32,
+    mean: *const f32,
+    var: *const f32,
+) -> [f32; 3] {
+    let po = p.geo.feat.offsets(f)[PARAM] as usize;
+    let inv_std = 1.0 / sqrt(*var.add(po) + p.epsilon);
+    [*mean.add(po), *scale.add(po) * inv_std, *bias.add(po)]
+}
+
+/// Features of a cols tile at most (`tile_vectors <= 32` vectors of at most 8 elements):
+/// the slots of [`tile_coefficients_from_params`]' table.
+const TILE_FEATURES: usize = 256;
+
+/// Inference's coefficients of a cols thread's `KV` features ([`cols_work`]), computed once
+/// a block instead of once a thread: the block's threads share out its tile's features,
+/// each computing a feature's `(mean, a, bias)` ([`coef_from_params`]: four loads, a
+/// square root and a division) into a table in shared memory, and after a block barrier
+/// every active thread reads its own. Feature `v * KV + e` of the tile sits at slot
+/// `e * tile_vectors + v`, so a warp's lanes, which differ in `v`, read consecutive
+/// slots. Every thread of the block calls it; inactive threads get zeros.
+///
+/// # Safety
+/// As [`coef_from_params`] for each feature of the block's tile.
+#[inline(always)]
+unsafe fn tile_coefficients_from_params<const KV: usize>(
+    p: &BatchNormApplyParams,
+    w: &Work,
+    scale: *const f32,
+    bias: *const f32,
+    mean: *const f32,
+    var: *const f32,
+) -> [[f32; 3]; KV] {
+    const { assert!(32 * KV <= TILE_FEATURES, "a tile's features fit the table") };
+    let g = &p.geo;
+    let table = crate::shared_f32!(4096).base;
+    const { assert!(16 * TILE_FEATURES == 4096) };
+    let slot = |v: u32, e: u32| table + 16 * (e * g.tile_vectors + v);
+    let per_tile = g.tile_vectors * KV as u32;
+    // Every thread's `f0` lies in its block's tile (inactive ones' past the last feature).
+    let first = ((w.f0 / KV as u32) >> g.tile_vectors_log2) * per_tile;
+    let mut i = thread_idx_x();
+    while i < per_tile && first + i < g.features {
+        let c = coef_from_params(p, first + i, scale, bias, mean, var);
+        // SAFETY: slot < per_tile <= TILE_FEATURES; read only after the barrier below.
+        st_shared_v4(
+            slot(i / KV as u32, i % KV as u32),
+            [c[0], c[1], c[2], 0.0].map(f32::to_bits),
+        );
+        i += block_dim_x();
+    }
+    sync_threads_divergent();
+    if !w.active {
+        return [[0.0; 3]; KV];
+    }
+    let v = thread_idx_x() & (g.tile_vectors - 1);
+    core::array::from_fn(|e| {
+        // SAFETY: written above for each of the tile's features, this thread's among them.
+        let c = ld_shared_v4(slot(v, e as u32)).map(f32::from_bits);
+        [c[0], c[1], c[2]]
+    })
 }
 
 /// The pointers of a forward apply pass.
@@ -1485,14 +1606,21 @@ unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
     var: *const f32,
 ) {
     let g = &p.geo;
-    let w = cols_work::<KV>(g, grid_dim_x() - 1 - block_idx_x());
+    let w = cols_apply_work::<KV>(p, grid_dim_x() - 1 - block_idx_x());
+    let c: [[f32; 3]; KV] = if p.flags & bn_flags::COEF_FROM_PARAMS != 0 {
+        // Before the inactive threads leave: the whole block computes the table.
+        tile_coefficients_from_params::<KV>(p, &w, scale, bias, mean, var)
+    } else if w.active {
+        core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var))
+    } else {
+        return;
+    };
     if !w.active {
         return;
     }
-    let c: [[f32; 3]; KV] =
-        core::array::from_fn(|e| fwd_coef(p, w.f0 + e as u32, coef, scale, bias, mean, var));
     let load_x = x_from_memory::<T, KV>(io);
-    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, g.feat.offsets(w.f0), 1, &c, load_x);
+    let base = g.feat.offsets(w.f0);
+    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, 1, &c, load_x);
 }
 
 /// The pointers of a backward apply pass.
@@ -1618,7 +1746,7 @@ unsafe fn bwd_apply_cols<T: Element, const KV: usize>(
     coef: *const BatchNormCoef,
 ) {
     let g = &p.geo;
-    let w = cols_work::<KV>(g, grid_dim_x() - 1 - block_idx_x());
+    let w = cols_apply_work::<KV>(p, grid_dim_x() - 1 - block_idx_x());
     if !w.active {
         return;
     }
@@ -2259,7 +2387,7 @@ macro_rules! by_width {
 /// constant, so the mask's code folds away and does not cost inference its registers;
 /// the masked ones serve training with a reserve space.
 macro_rules! fwd_apply_entry_point {
-    ($T:ty, $name:ident, $mapping:ident, $doc:literal, $mask:expr) => {
+    ($T:ty, $name:ident, $mapping:ident, $epilogues:expr, $doc:literal, $mask:expr) => {
         /// # Safety
         /// `x`, `z` (with `ADD`), `y` cover their tensors; `coef` holds `features`
         /// coefficients, or (with `COEF_FROM_PARAMS`) `scale`, `bias`, `mean`, `var`
@@ -2283,11 +2411,18 @@ macro_rules! fwd_apply_entry_point {
                 y,
                 mask: ($mask)(&p),
             };
-            by_width!(
-                $T,
-                p.geo.vector,
-                $mapping(&p, io, coef, scale, bias, mean, var)
-            )
+            match $epilogues {
+                Epilogues::Plain => by_width!(
+                    $T,
+                    p.geo.vector,
+                    $mapping(&with_plain_epilogue(&p), io, coef, scale, bias, mean, var)
+                ),
+                Epilogues::Any => by_width!(
+                    $T,
+                    p.geo.vector,
+                    $mapping(&p, io, coef, scale, bias, mean, var)
+                ),
+            }
         }
     };
 }
@@ -2368,15 +2503,19 @@ macro_rules! batch_norm_entry_points {
             }
 
             fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_rows_ $dt>], fwd_apply_rows,
-                "Rows mapping.", |_p| core::ptr::null_mut());
+                Epilogues::Any, "Rows mapping.", |_p| core::ptr::null_mut());
             fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_cols_ $dt>], fwd_apply_cols,
-                "Cols mapping.", |_p| core::ptr::null_mut());
+                Epilogues::Any, "Cols mapping.", |_p| core::ptr::null_mut());
+            fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_plain_cols_ $dt>], fwd_apply_cols,
+                Epilogues::Plain, "Cols mapping, for the plain epilogue alone (`alpha = 1`, \
+                `beta = 0`, no `ADD`, no `RELU`; the flags and the blend factors are not read).",
+                |_p| core::ptr::null_mut());
             fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_masked_rows_ $dt>], fwd_apply_rows,
-                "Rows mapping; with `RELU`, also writes the relu mask to `p.relu_mask` (a bit \
+                Epilogues::Any, "Rows mapping; with `RELU`, also writes the relu mask to `p.relu_mask` (a bit \
                 per element of `x`'s span, 4-byte aligned).",
                 |p: &BatchNormApplyParams| p.relu_mask as *mut u32);
             fwd_apply_entry_point!($T, [<batch_norm_fwd_apply_masked_cols_ $dt>], fwd_apply_cols,
-                "Cols mapping; as the masked rows kernel for the relu mask.",
+                Epilogues::Any, "Cols mapping; as the masked rows kernel for the relu mask.",
                 |p: &BatchNormApplyParams| p.relu_mask as *mut u32);
 
             /// # Safety

@@ -67,6 +67,9 @@ pub mod bn_flags {
     /// `dz` (the fused add's gradient with blend factors 1 and 0), so the apply pass reads
     /// `g` instead of `dy` and `y`.
     pub const WRITE_GRAD: u32 = 128;
+    /// Cols apply: deal the rows to the chunks a block-wide step at a time, so the grid
+    /// walks the tensor together, instead of a contiguous chunk a block.
+    pub const INTERLEAVE_ROWS: u32 = 256;
 }
 
 /// How the elements of a batch-norm problem are laid out and split over blocks.

@@ -503,6 +503,15 @@ fn resident_forced() -> Option<bool> {
     }
 }
 
+/// Whether the cols apply kernels deal their rows to the blocks a block-wide step at a time
+/// ([`bn_flags::INTERLEAVE_ROWS`]: the grid walks the tensor together), rather than give
+/// each block a contiguous chunk of rows. `OXIDNN_BN_APPLY_ROWS=chunked` or
+/// `=interleaved` picks one (for measurements and for testing both); interleaved by
+/// default.
+fn apply_rows_interleaved() -> bool {
+    std::env::var("OXIDNN_BN_APPLY_ROWS").as_deref() != Ok("chunked")
+}
+
 /// Shared memory of one SM, as a resident plan divides it (bytes).
 #[derive(Clone, Copy, Debug)]
 struct SharedMemory {
@@ -709,13 +718,29 @@ const LOADS_PER_GROUP: usize = 4;
 enum Pass {
     /// Training or inference forward, writing no relu mask.
     Forward,
+    /// A forward pass whose epilogue is plain (no residual add, no relu, `alpha = 1`,
+    /// `beta = 0`; inference, or training without fused ops): its cols apply kernel serves
+    /// that epilogue alone, in fewer registers, so more blocks fit an SM.
+    ForwardPlain,
     /// Training forward writing the relu mask to the reserve space: its apply kernel is
-    /// the masked one (the plain one leaves the mask's code out, and its registers).
+    /// the masked one (the unmasked ones leave the mask's code out, and its registers).
     ForwardMasked,
     Backward,
 }
 
 impl Pass {
+    /// The forward pass of descriptor `bn` with blend factors `alpha`, `beta`, writing the
+    /// relu mask or not.
+    fn forward_of(bn: &BatchNormDescriptor, alpha: f32, beta: f32, masked: bool) -> Self {
+        if masked {
+            Pass::ForwardMasked
+        } else if bn.ops == BatchNormOps::Bn && alpha == 1.0 && beta == 0.0 {
+            Pass::ForwardPlain
+        } else {
+            Pass::Forward
+        }
+    }
+
     fn forward(self) -> bool {
         self != Pass::Backward
     }
@@ -1054,8 +1079,9 @@ fn staged_unrolled_kernel(dtype: DataType) -> Option<&'static str> {
 
 fn apply_kernel(cols: bool, dtype: DataType, pass: Pass) -> Result<&'static str> {
     let k = match (pass, cols) {
-        (Pass::Forward, false) => kernels::batch_norm_fwd_apply_rows(dtype),
+        (Pass::Forward | Pass::ForwardPlain, false) => kernels::batch_norm_fwd_apply_rows(dtype),
         (Pass::Forward, true) => kernels::batch_norm_fwd_apply_cols(dtype),
+        (Pass::ForwardPlain, true) => kernels::batch_norm_fwd_apply_plain_cols(dtype),
         (Pass::ForwardMasked, false) => kernels::batch_norm_fwd_apply_masked_rows(dtype),
         (Pass::ForwardMasked, true) => kernels::batch_norm_fwd_apply_masked_cols(dtype),
         (Pass::Backward, false) => kernels::batch_norm_bwd_apply_rows(dtype),
@@ -1324,11 +1350,7 @@ pub fn batch_norm_forward_training(
                 Some(r) if bn.ops != BatchNormOps::Bn => device_ptr_mut(gpu, r)?,
                 _ => 0,
             };
-            let pass = if relu_mask != 0 {
-                Pass::ForwardMasked
-            } else {
-                Pass::Forward
-            };
+            let pass = Pass::forward_of(bn, alpha32, beta32, relu_mask != 0);
             let occ = Occupancy::of(gpu, bn.mode, x_desc, pass)?;
             // The same layout as the size query's: the apply kernel does not change it.
             let layout = workspace_layout(bn.mode, x_desc, occ, false);
@@ -1449,6 +1471,9 @@ fn apply_params(
     if bn.ops != BatchNormOps::Bn {
         flags |= bn_flags::RELU;
     }
+    if plan.cols && apply_rows_interleaved() {
+        flags |= bn_flags::INTERLEAVE_ROWS;
+    }
     BatchNormApplyParams {
         geo: plan.apply_geo,
         flags,
@@ -1554,7 +1579,8 @@ pub fn batch_norm_forward_inference(
             operands[X] = Some((x_desc, x_ptr));
             operands[Y] = Some((y_desc, y_ptr));
             operands[Z_OR_DY] = z.map(|(d, _)| d).zip(z_ptr);
-            let occ = Occupancy::of(gpu, bn.mode, x_desc, Pass::Forward)?;
+            let pass = Pass::forward_of(bn, alpha32, beta32, false);
+            let occ = Occupancy::of(gpu, bn.mode, x_desc, pass)?;
             let plan = plan_problem(bn.mode, x_desc, bn_desc, &operands, occ)?;
             let ap = apply_params(&plan, bn, alpha32, beta32, bn_flags::COEF_FROM_PARAMS, 0);
             let kernel = plan.apply_kernel(dtype)?;
