@@ -6,6 +6,7 @@ use crate::buffer::{Buffer, Memory};
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use oxidnn_params::BARRIER_GROUPS;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,26 @@ use std::sync::{Arc, Mutex};
 /// The kernels' PTX, one module per op family, built by build.rs from `kernels/`.
 pub(crate) mod modules {
     include!(concat!(env!("OUT_DIR"), "/kernel_modules.rs"));
+}
+
+/// The PTX of op family `family`: the embedded module, or, where `OXIDNN_PTX_DIR` is set
+/// and holds `<family>.ptx`, that file. For kernel development: a family rebuilt on its
+/// own runs in a program built before, without relinking it (the file must define every
+/// kernel of the family the program launches, with the same parameters).
+fn module_text(family: &str, embedded: &'static str) -> Result<Cow<'static, str>> {
+    let Some(dir) = std::env::var_os("OXIDNN_PTX_DIR") else {
+        return Ok(Cow::Borrowed(embedded));
+    };
+    let path = std::path::Path::new(&dir).join(format!("{family}.ptx"));
+    if !path.exists() {
+        return Ok(Cow::Borrowed(embedded));
+    }
+    std::fs::read_to_string(&path).map(Cow::Owned).map_err(|e| {
+        Error::unsupported(format!(
+            "OXIDNN_PTX_DIR: cannot read {}: {e}",
+            path.display()
+        ))
+    })
 }
 
 /// A raw module handle. Invariant: loaded in `ctx`, unloaded once, on drop.
@@ -210,10 +231,10 @@ impl Gpu {
         if let Some(m) = &loaded[index] {
             return Ok(m.clone());
         }
-        let (family, ptx) = modules::ptx()[index];
-        let ptx = CString::new(ptx).map_err(|_| {
-            Error::unsupported(format!("the embedded `{family}` PTX contains a NUL byte"))
-        })?;
+        let (family, embedded) = modules::ptx()[index];
+        let ptx = module_text(family, embedded)?;
+        let ptx = CString::new(ptx.into_owned())
+            .map_err(|_| Error::unsupported(format!("the `{family}` PTX contains a NUL byte")))?;
         self.ctx
             .bind_to_thread()
             .map_err(|e| Error::driver("cuCtxSetCurrent", e))?;

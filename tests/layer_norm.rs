@@ -513,6 +513,39 @@ fn gpu_every_kernel_path_matches_reference() {
     });
 }
 
+/// Every combination of scale, bias and weight type in both modes (RMS norm has no
+/// bias): the forward kernels compile their output pass once per usual combination and
+/// share one for the rest (layer norm with a bias alone). Rows in registers as vectors
+/// (4096: several warps; 1000: one) and through the element map (97).
+#[test]
+fn gpu_every_affine_combination_matches_reference() {
+    with_gpu("gpu_every_affine_combination_matches_reference", |h| {
+        for dt in [DataType::F16, DataType::F32] {
+            for dims in [[300usize, 4096], [77, 1000], [5, 97]] {
+                for mode in [NormMode::LayerNorm, NormMode::RmsNorm] {
+                    let norm = LayerNormDescriptor::new(mode, 1, 1e-5).unwrap();
+                    for (scale, bias) in
+                        [(false, false), (true, false), (false, true), (true, true)]
+                    {
+                        if bias && mode == NormMode::RmsNorm {
+                            continue;
+                        }
+                        for f32_weights in [false, true] {
+                            let mut c = Case::packed(norm, dt, &dims, scale || bias);
+                            c.scale = scale;
+                            c.bias = bias;
+                            if f32_weights {
+                                c.weights = c.weights.map(|w| w.with_dtype(DataType::F32).unwrap());
+                            }
+                            run_forward(h, &c, true, dims[1] as u64);
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Many rows, and a row count below the GPU's resident blocks, in both modes. With weight
 /// gradients the backward's grid fills the GPU once, so with many rows each group works
 /// through many, its two register sets taking turns (one-warp groups of 256 and 512

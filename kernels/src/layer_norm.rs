@@ -13,8 +13,8 @@
 //! Statistics and arithmetic are f32 for every storage type.
 
 use crate::device::{
-    block_dim_x, block_idx_x, dynamic_smem, lane_id, ld_shared_f32, ld_shared_v4, shfl_xor_f32,
-    sqrt, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x, warp_id,
+    block_dim_x, block_idx_x, dynamic_smem, fma, lane_id, ld_shared_f32, ld_shared_v4,
+    rsqrt_approx, shfl_xor_f32, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x, warp_id,
 };
 use crate::element::Element;
 use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
@@ -55,18 +55,80 @@ fn shfl_moments(v: Moments, mask: u32) -> Moments {
     ]
 }
 
-/// `1 / sqrt(v + epsilon)`, correctly rounded steps.
+/// `1 / sqrt(v + epsilon)`: one special-function op (2^-22.9 relative error, as the
+/// `rsqrtf` of PyTorch's kernels), where a correctly rounded square root and divide take
+/// two slow-path checks on every row's critical path.
 #[inline(always)]
 fn rstd_of(v: f32, epsilon: f32) -> f32 {
-    1.0 / sqrt(v + epsilon)
+    rsqrt_approx(v + epsilon)
 }
 
-/// `((x - shift) - centre) * rstd * scale + bias` for `K` elements whose parameters are at
-/// `at` (`[_, _, scale, bias]` offsets); `shift + centre` is the row's mean (0 for RMS).
+/// What a forward's output pass does to each element: subtract the mean (layer norm; RMS
+/// norm has none), multiply by a scale, add a bias, the parameters stored as f32 or as the
+/// data's type.
+#[derive(Clone, Copy)]
+struct Epilogue {
+    centred: bool,
+    scale: bool,
+    bias: bool,
+    f32_weights: bool,
+}
+
+/// The bits of an [`Epilogue`] key: the flags' affine bits, and `RMS_KEY` for RMS norm.
+const AFFINE_FLAGS: u32 = NORM_SCALE | NORM_BIAS | NORM_F32_WEIGHTS;
+const RMS_KEY: u32 = 16;
+
+impl Epilogue {
+    /// The key of a forward's epilogue.
+    #[inline(always)]
+    fn key(p: &LayerNormFwdParams) -> u32 {
+        p.flags & AFFINE_FLAGS | if p.rms != 0 { RMS_KEY } else { 0 }
+    }
+
+    #[inline(always)]
+    const fn of(key: u32) -> Self {
+        Self {
+            centred: key & RMS_KEY == 0,
+            scale: key & NORM_SCALE != 0,
+            bias: key & NORM_BIAS != 0,
+            f32_weights: key & NORM_F32_WEIGHTS != 0,
+        }
+    }
+}
+
+/// Calls `f` (inlined) with the epilogue of `key`, a constant for the usual ones (layer
+/// norm with no affine parameters, a scale, or both; RMS norm with no scale or one; the
+/// parameters of either type), so each of those passes is straight-line code with no
+/// per-element defaults or predicated loads for what it lacks.
+#[inline(always)]
+fn with_epilogue(key: u32, f: impl Fn(Epilogue)) {
+    const LN_SCALE: u32 = NORM_SCALE;
+    const LN_AFFINE: u32 = NORM_SCALE | NORM_BIAS;
+    const LN_SCALE_F32: u32 = NORM_SCALE | NORM_F32_WEIGHTS;
+    const LN_AFFINE_F32: u32 = NORM_SCALE | NORM_BIAS | NORM_F32_WEIGHTS;
+    const RMS_SCALE: u32 = RMS_KEY | NORM_SCALE;
+    const RMS_SCALE_F32: u32 = RMS_KEY | NORM_SCALE | NORM_F32_WEIGHTS;
+    match key {
+        0 => f(Epilogue::of(0)),
+        LN_SCALE => f(Epilogue::of(LN_SCALE)),
+        LN_AFFINE => f(Epilogue::of(LN_AFFINE)),
+        LN_SCALE_F32 => f(Epilogue::of(LN_SCALE_F32)),
+        LN_AFFINE_F32 => f(Epilogue::of(LN_AFFINE_F32)),
+        RMS_KEY => f(Epilogue::of(RMS_KEY)),
+        RMS_SCALE => f(Epilogue::of(RMS_SCALE)),
+        RMS_SCALE_F32 => f(Epilogue::of(RMS_SCALE_F32)),
+        _ => f(Epilogue::of(key)),
+    }
+}
+
+/// `((x - shift) - centre) * (rstd * scale) + bias` for `K` elements whose parameters are
+/// at `at` (`[_, _, scale, bias]` offsets); `shift + centre` is the row's mean (RMS: no
+/// subtraction). The two subtractions keep rows far from zero exact; the rest is one
+/// product and a fused multiply-add an element.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn normalize<T: Element, const K: usize>(
-    flags: u32,
+    e: Epilogue,
     v: [f32; K],
     shift: f32,
     centre: f32,
@@ -75,22 +137,23 @@ unsafe fn normalize<T: Element, const K: usize>(
     bias: *const u8,
     at: [u64; 4],
 ) -> [f32; K] {
-    let f32w = flags & NORM_F32_WEIGHTS != 0;
-    let gamma = if flags & NORM_SCALE != 0 {
-        rows::load_params::<T, K>(scale, at[2], f32w)
+    let a: [f32; K] = if e.scale {
+        let gamma = rows::load_params::<T, K>(scale, at[2], e.f32_weights);
+        core::array::from_fn(|k| rstd * gamma[k])
     } else {
-        [1.0; K]
+        [rstd; K]
     };
-    let beta = if flags & NORM_BIAS != 0 {
-        rows::load_params::<T, K>(bias, at[3], f32w)
+    let t: [f32; K] = if e.centred {
+        core::array::from_fn(|k| (v[k] - shift) - centre)
     } else {
-        [0.0; K]
+        v
     };
-    let mut out = [0.0f32; K];
-    for k in 0..K {
-        out[k] = ((v[k] - shift) - centre) * rstd * gamma[k] + beta[k];
+    if e.bias {
+        let beta = rows::load_params::<T, K>(bias, at[3], e.f32_weights);
+        core::array::from_fn(|k| fma(t[k], a[k], beta[k]))
+    } else {
+        core::array::from_fn(|k| t[k] * a[k])
     }
-    out
 }
 
 /// The value the row's elements are taken relative to while its statistics are summed:
@@ -144,50 +207,67 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
 ) {
     let g = Group::new(p.warps);
     let d = p.row_len;
-    g.rows(p.rows, |row| {
-        let [xb, yb, sb] = p.outer.offsets(row);
-        let shift = row_shift(p.rms, inner, x, xb);
-        let mut v = Held::<T, K, V>::filled(0.0);
-        crate::unrolled!(j in V => {
-            let e = g.first::<K, V>(0, j);
-            if e < d {
-                v.load(j, x.add((xb + inner.at(e)[0]) as usize));
-            }
-        });
-        // Two passes over the registers: the mean, then squared deviations from it.
-        let centre = if p.rms != 0 {
-            0.0
-        } else {
-            let mut s = 0.0f32;
+    let inv_d = 1.0 / d as f32;
+    g.rows(
+        p.rows,
+        #[inline(always)]
+        |row| {
+            let [xb, yb, sb] = p.outer.offsets(row);
+            let shift = row_shift(p.rms, inner, x, xb);
+            let mut v = Held::<T, K, V>::filled(0.0);
+            crate::unrolled!(j in V => {
+                let e = g.first::<K, V>(0, j);
+                if e < d {
+                    v.load(j, x.add((xb + inner.at(e)[0]) as usize));
+                }
+            });
+            // Two passes over the registers: the mean, then squared deviations from it.
+            let centre = if p.rms != 0 {
+                0.0
+            } else {
+                let mut s = 0.0f32;
+                crate::unrolled!(j in V => {
+                    if g.first::<K, V>(0, j) < d {
+                        for vk in v.get(j) {
+                            s += vk - shift;
+                        }
+                    }
+                });
+                g.sum(s) * inv_d
+            };
+            let mut s2 = 0.0f32;
             crate::unrolled!(j in V => {
                 if g.first::<K, V>(0, j) < d {
                     for vk in v.get(j) {
-                        s += vk - shift;
+                        let t = (vk - shift) - centre;
+                        s2 += t * t;
                     }
                 }
             });
-            g.sum(s) / d as f32
-        };
-        let mut s2 = 0.0f32;
-        crate::unrolled!(j in V => {
-            if g.first::<K, V>(0, j) < d {
-                for vk in v.get(j) {
-                    let t = (vk - shift) - centre;
-                    s2 += t * t;
-                }
-            }
-        });
-        let rstd = rstd_of(g.sum(s2) / d as f32, p.epsilon);
-        write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
-        crate::unrolled!(j in V => {
-            let e = g.first::<K, V>(0, j);
-            if e < d {
-                let at = inner.at(e);
-                let out = normalize::<T, K>(p.flags, v.get(j), shift, centre, rstd, scale, bias, at);
-                rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
-            }
-        });
-    });
+            let rstd = rstd_of(g.sum(s2) * inv_d, p.epsilon);
+            write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
+            let y = y.add(yb as usize);
+            with_epilogue(
+                Epilogue::key(p),
+                #[inline(always)]
+                |epilogue| {
+                    crate::unrolled!(j in V => {
+                        let e = g.first::<K, V>(0, j);
+                        if e < d {
+                            let at = inner.at(e);
+                            // SAFETY: as the kernel's: `at` is inside the row of every operand.
+                            unsafe {
+                                let out = normalize::<T, K>(
+                                    epilogue, v.get(j), shift, centre, rstd, scale, bias, at,
+                                );
+                                rows::store::<T, K>(y.add(at[1] as usize), out);
+                            }
+                        }
+                    });
+                },
+            );
+        },
+    );
 }
 
 /// The forward pass for rows longer than a group's registers: chunk by chunk, the
@@ -260,7 +340,8 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
                 if e < d {
                     let at = inner.at(e);
                     let v = rows::load::<T, K>(x.add((xb + at[0]) as usize));
-                    let out = normalize::<T, K>(p.flags, v, shift, centre, rstd, scale, bias, at);
+                    let epilogue = Epilogue::of(Epilogue::key(p));
+                    let out = normalize::<T, K>(epilogue, v, shift, centre, rstd, scale, bias, at);
                     rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
                 }
             });

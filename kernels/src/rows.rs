@@ -63,13 +63,17 @@ impl Group {
 
     /// As [`Group::new`], with several groups of several warps to a block where
     /// `shares_blocks` (a constant, shared with the host's plan).
+    ///
+    /// `warps` is a power of two (the host's `RowPlan` makes it one), so a thread's place
+    /// is shifts and masks, not divisions.
     #[inline(always)]
     pub fn of(warps: u32, shares_blocks: bool) -> Self {
         let threads = 32 * warps;
-        let per_block = block_dim_x() / threads;
-        let in_block = thread_idx_x() / threads;
+        let log2 = threads.trailing_zeros();
+        let per_block = block_dim_x() >> log2;
+        let in_block = thread_idx_x() >> log2;
         Self {
-            rank: thread_idx_x() % threads,
+            rank: thread_idx_x() & (threads - 1),
             threads,
             warps,
             in_block,
