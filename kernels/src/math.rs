@@ -14,6 +14,21 @@ pub fn exp(x: f32) -> f32 {
     exp2_approx(x * LOG2_E)
 }
 
+/// `e^(x - m)` given `m_log2e = m * log2(e)`: one fused multiply-add and `ex2`. Rounding
+/// `m_log2e` costs an absolute exponent error of about `|m| 2^-24` (relative in the
+/// result): far below a 16-bit result's precision; for f32 results with large `|m|`, take
+/// [`exp`] of the exact difference instead.
+#[inline(always)]
+pub fn exp_shifted(x: f32, m_log2e: f32) -> f32 {
+    exp2_approx(fma(x, LOG2_E, -m_log2e))
+}
+
+/// `m * log2(e)`, as [`exp_shifted`] takes it.
+#[inline(always)]
+pub fn times_log2_e(m: f32) -> f32 {
+    m * LOG2_E
+}
+
 /// `ln x`.
 #[inline(always)]
 pub fn ln(x: f32) -> f32 {

@@ -13,8 +13,8 @@
 
 use crate::device::{
     bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, ld_shared_words,
-    opaque_words, shfl_xor_f32, st_shared_words, sync_threads, thread_idx_x, warp_id, warp_reduce,
-    Vec16,
+    max_propagate_nan, opaque_words, shfl_xor_f32, st_shared_words, sync_threads, thread_idx_x,
+    warp_id, warp_reduce, Vec16,
 };
 use crate::element::Element;
 use core::marker::PhantomData;
@@ -55,26 +55,36 @@ pub struct Group {
 
 impl Group {
     /// The group of this thread when each row has `warps` warps, a group of several warps
-    /// being its whole block.
+    /// being its whole block. Either way a thread's place needs no division: a group of
+    /// one warp is a warp of its block, a larger one the block.
     #[inline(always)]
     pub fn new(warps: u32) -> Self {
-        Self::of(warps, false)
+        let (rank, in_block, per_block) = if warps == 1 {
+            (lane_id(), warp_id(), block_dim_x() / 32)
+        } else {
+            (thread_idx_x(), 0, 1)
+        };
+        Self::placed(warps, rank, in_block, per_block, false)
     }
 
     /// As [`Group::new`], with several groups of several warps to a block where
     /// `shares_blocks` (a constant, shared with the host's plan).
-    ///
-    /// `warps` is a power of two (the host's `RowPlan` makes it one), so a thread's place
-    /// is shifts and masks, not divisions.
     #[inline(always)]
     pub fn of(warps: u32, shares_blocks: bool) -> Self {
+        if !shares_blocks {
+            return Self::new(warps);
+        }
         let threads = 32 * warps;
-        let log2 = threads.trailing_zeros();
-        let per_block = block_dim_x() >> log2;
-        let in_block = thread_idx_x() >> log2;
+        let in_block = thread_idx_x() / threads;
+        let rank = thread_idx_x() % threads;
+        Self::placed(warps, rank, in_block, block_dim_x() / threads, true)
+    }
+
+    #[inline(always)]
+    fn placed(warps: u32, rank: u32, in_block: u32, per_block: u32, shares_blocks: bool) -> Self {
         Self {
-            rank: thread_idx_x() & (threads - 1),
-            threads,
+            rank,
+            threads: 32 * warps,
             warps,
             in_block,
             per_block,
@@ -164,11 +174,7 @@ impl Group {
 /// `max(a, b)`, NaN if either is (so a NaN in a row reaches every output).
 #[inline(always)]
 pub fn max_nan(a: f32, b: f32) -> f32 {
-    if a != a || a > b {
-        a
-    } else {
-        b
-    }
+    max_propagate_nan(a, b)
 }
 
 /// Two sums reduced together.
@@ -237,6 +243,29 @@ impl<T: Element, const K: usize, const V: usize> Held<T, K, V> {
         } else {
             T::load_raw::<K>(p, true)
         };
+    }
+
+    /// The maximum of every element held, NaN if any is: a max over the raw words
+    /// ([`Element::max_words`]: 16-bit elements two an instruction, not converted), then
+    /// over the last word's elements.
+    #[inline(always)]
+    pub fn max_nan(&self) -> f32 {
+        if K == 1 {
+            let mut m = f32::NEG_INFINITY;
+            for j in 0..V {
+                m = max_nan(m, f32::from_bits(self.words[j][0]));
+            }
+            return m;
+        }
+        let mut w = T::NEG_INF_WORD;
+        for j in 0..V {
+            for word in self.words[j] {
+                w = T::max_words(w, word, true);
+            }
+        }
+        // Two elements of a 16-bit type, or the f32 twice.
+        let [a, b] = T::unpack::<2>([w; 4]);
+        max_nan(a, b)
     }
 
     /// The elements of slot `j`, as f32.

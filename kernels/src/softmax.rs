@@ -15,7 +15,7 @@
 use crate::activation::blend;
 use crate::device::grid_stride;
 use crate::element::Element;
-use crate::math::{exp, ln};
+use crate::math::{exp, exp_shifted, ln, times_log2_e};
 use crate::rows::{self, max_nan, shfl_pair, vector_elements, Dense, Group, Held, Inner};
 use oxidnn_params::{IndexMap, SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams, STREAM_SLOTS};
 
@@ -70,6 +70,28 @@ unsafe fn blend_store<T: Element, const K: usize>(alpha: f32, beta: f32, out: *m
     rows::store::<T, K>(out, res);
 }
 
+/// Calls `f` (inlined) with `algo` as a constant, so each algorithm's passes are their
+/// own straight-line code.
+#[inline(always)]
+fn with_algo(algo: SoftmaxAlgorithm, f: impl Fn(SoftmaxAlgorithm)) {
+    match algo {
+        SoftmaxAlgorithm::Fast => f(SoftmaxAlgorithm::Fast),
+        SoftmaxAlgorithm::Accurate => f(SoftmaxAlgorithm::Accurate),
+        SoftmaxAlgorithm::Log => f(SoftmaxAlgorithm::Log),
+    }
+}
+
+/// `exp(v - m)` given `m` and `m_log2e = m * log2(e)`: for 16-bit results one fused
+/// multiply-add and `ex2` ([`exp_shifted`]), for f32 ones of the exact difference.
+#[inline(always)]
+fn exp_minus<T: Element>(v: f32, m: f32, m_log2e: f32) -> f32 {
+    if T::LOW_PRECISION {
+        exp_shifted(v, m_log2e)
+    } else {
+        exp(v - m)
+    }
+}
+
 #[inline(always)]
 unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usize>(
     p: &SoftmaxFwdParams,
@@ -79,45 +101,69 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usi
 ) {
     let g = Group::new(p.warps);
     let d = p.row_len;
-    let algo = SoftmaxAlgorithm::from_u32(p.algo);
-    g.rows(p.rows, |row| {
+    let row_pass = #[inline(always)]
+    |algo: SoftmaxAlgorithm, row: u32| {
         let [xb, yb] = p.outer.offsets(row);
         // Slots past the row hold -inf: they add exp(-inf) = 0.
         let mut v = Held::<T, K, V>::filled(f32::NEG_INFINITY);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                v.load(j, x.add((xb + inner.at(e)[0]) as usize));
+                // SAFETY: as the kernel's: `e` is inside the row.
+                unsafe { v.load(j, x.add((xb + inner.at(e)[0]) as usize)) };
             }
         });
         let m = if algo == SoftmaxAlgorithm::Fast {
             0.0
         } else {
-            let mut m = f32::NEG_INFINITY;
-            crate::unrolled!(j in V => {
-                for vk in v.get(j) {
-                    m = max_nan(m, vk);
-                }
-            });
-            g.max(m)
+            g.max(v.max_nan())
         };
+        let m_log2e = times_log2_e(m);
         let mut s = 0.0f32;
         crate::unrolled!(j in V => {
             for vk in v.get(j) {
-                s += exp(vk - m);
+                s += exp_minus::<T>(vk, m, m_log2e);
             }
         });
-        let inv_or_shift = finish_row(algo, m, g.sum(s));
+        let s = g.sum(s);
+        // alpha folded into the row's factor (or, for log softmax, applied once an element).
+        let (factor, shift) = if algo == SoftmaxAlgorithm::Log {
+            (p.alpha, m + ln(s))
+        } else {
+            (p.alpha / s, 0.0)
+        };
         // The exponentials are taken again rather than kept: only the held row stays live
         // across the sum.
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let out = v.get(j).map(|vk| forward_value(algo, vk, m, inv_or_shift));
-                blend_store::<T, K>(p.alpha, p.beta, y.add((yb + inner.at(e)[1]) as usize), out);
+                let out = v.get(j).map(|vk| {
+                    if algo == SoftmaxAlgorithm::Log {
+                        (vk - shift) * factor
+                    } else {
+                        exp_minus::<T>(vk, m, m_log2e) * factor
+                    }
+                });
+                // SAFETY: as the kernel's: `e` is inside the row.
+                unsafe {
+                    let at = y.add((yb + inner.at(e)[1]) as usize);
+                    blend_store::<T, K>(1.0, p.beta, at, out);
+                }
             }
         });
-    });
+    };
+    let algo = SoftmaxAlgorithm::from_u32(p.algo);
+    g.rows(
+        p.rows,
+        #[inline(always)]
+        |row| {
+            with_algo(
+                algo,
+                #[inline(always)]
+                |algo| row_pass(algo, row),
+            )
+        },
+    );
 }
 
 #[inline(always)]

@@ -72,7 +72,7 @@ pub(crate) struct RowPlan<const N: usize, const M: usize> {
     pub kernel: RowKernel,
     pub rows: u32,
     pub row_len: u32,
-    /// Warps per row (row kernels): a power of two, which the kernels' `Group` relies on.
+    /// Warps per row (row kernels).
     pub warps: u32,
     /// Chunks per row (streamed kernels; 1 otherwise).
     pub chunks: u32,
@@ -200,7 +200,6 @@ impl<const N: usize, const M: usize> RowPlan<N, M> {
         } else {
             32 * plan.warps
         };
-        debug_assert!(plan.warps.is_power_of_two());
         let groups_per_block = (plan.block / (32 * plan.warps)) as usize;
         plan.blocks = rows.div_ceil(groups_per_block).max(1) as u32;
         Ok(plan)
