@@ -1009,7 +1009,8 @@ fn gpu_one_launch_training_of_many_short_channels() {
 }
 
 /// NHWC training in one cooperative launch that keeps each block's first rows in shared
-/// memory: 26-51 MB tensors (half stays on chip, the rest is read twice) and 6 MB ones
+/// memory: 26-51 MB tensors (half stays on chip, the rest is read twice; the grid walks
+/// the streamed rows together, a block-wide step of rows a block in turn) and 6 MB ones
 /// (all on chip), forward and backward, plain and fused with add + relu, blended outputs.
 /// (`OXIDNN_BN_RESIDENT=0` runs the whole suite on the three-launch path instead, `=1` on
 /// the resident kernels wherever they can run.)
@@ -1026,6 +1027,21 @@ fn gpu_resident_training_on_and_off_chip() {
             let p = Problem::dense(BatchNormMode::Spatial, x);
             check_training_plain_and_fused(h, &p, 31);
         }
+    });
+}
+
+/// The resident kernels' interleaved walk over a row count of no round size (5 * 211 *
+/// 229 rows of 64 features, 31 MB in f16): forward and backward stream part of their rows,
+/// the last block-wide step of rows is short and the chunks do not divide the steps, so
+/// chunks get different numbers of steps and one of them a partial step. (Its own test:
+/// the CPU reference of a tensor this size takes minutes, so it runs beside the others.)
+#[test]
+fn gpu_resident_training_over_an_odd_row_count() {
+    with_gpu("gpu_resident_training_over_an_odd_row_count", |h| {
+        let x = TensorDescriptor::nchw_with(DataType::F16, 5, 64, 211, 229, Layout::ChannelsLast)
+            .unwrap();
+        let p = Problem::dense(BatchNormMode::Spatial, x);
+        check_training_plain_and_fused(h, &p, 37);
     });
 }
 

@@ -419,6 +419,18 @@ fn mirror_of((first, end, step): (u32, u32, u32)) -> u32 {
     }
 }
 
+/// Where a rows walk's vector `i` starts in the reduction: element `i * KV`.
+#[inline(always)]
+fn vector_start<const KV: usize>(i: u32) -> u32 {
+    i * KV as u32
+}
+
+/// Where a cols walk's index `r` lies in the reduction: row `r`.
+#[inline(always)]
+fn same_row(r: u32) -> u32 {
+    r
+}
+
 /// The index visited at position `i` of a work's range: `i`, or `mirror - i`.
 #[inline(always)]
 fn visited(mirror: u32, i: u32) -> u32 {
@@ -482,6 +494,74 @@ fn cols_apply_work<const KV: usize>(p: &BatchNormApplyParams, block: u32) -> Wor
         step: g.chunks * rows_per_step,
         ..w
     }
+}
+
+/// Where a resident block's walk lands in the tensor. The walk is [`cols_work`]'s (its
+/// chunk's rows `start, ..`, by which the stash indexes the kept ones); `row(r)` is the
+/// tensor's row of walk index `r`: `r` itself, or, interleaved, the chunk's `k`-th
+/// block-wide step is the tensor's step `k * chunks + chunk`, as [`cols_apply_work`] deals
+/// them, so the grid's blocks stream the tensor together, a contiguous span at a time.
+/// Each chunk's rows are its own either way: its partials still sum a partition of the
+/// rows.
+#[derive(Clone, Copy)]
+struct RowOrder {
+    interleaved: bool,
+    start: u32,
+    chunk: u32,
+    chunks: u32,
+    /// `log2` of the rows a block steps by (`blockDim / tile_vectors`).
+    step_log2: u32,
+}
+
+impl RowOrder {
+    /// The tensor's row of walk index `r`.
+    #[inline(always)]
+    fn row(&self, r: u32) -> u32 {
+        if !self.interleaved {
+            return r;
+        }
+        let local = r - self.start;
+        let step = (local >> self.step_log2) * self.chunks + self.chunk;
+        (step << self.step_log2) | (local & ((1 << self.step_log2) - 1))
+    }
+}
+
+/// A resident block's share of a cols problem: [`cols_work`]'s, and its [`RowOrder`],
+/// interleaved with [`bn_flags::INTERLEAVE_ROWS`] where some rows are streamed (then the
+/// host makes chunks and kept rows whole steps; a chunk held whole on chip is read once
+/// and gains nothing). Interleaved, chunk `c` has the tensor's steps `c, c + chunks, ..`,
+/// at most `chunk_len / step` of them (`chunk_len` is `red_len / chunks` rounded up to
+/// whole steps), the last one possibly short: its walk ends there.
+#[inline(always)]
+fn resident_work<const KV: usize>(p: &BatchNormResidentParams, block: u32) -> (Work, RowOrder) {
+    let g = &p.fused.apply.geo;
+    let mut w = cols_work::<KV>(g, block);
+    let step_log2 = (block_dim_x() >> g.tile_vectors_log2).trailing_zeros();
+    let order = RowOrder {
+        interleaved: p.fused.apply.flags & bn_flags::INTERLEAVE_ROWS != 0
+            && p.resident_rows < g.chunk_len,
+        start: w.chunk * g.chunk_len,
+        chunk: w.chunk,
+        chunks: g.chunks,
+        step_log2,
+    };
+    if order.interleaved {
+        let steps = g.red_len.div_ceil(1 << step_log2);
+        let mine = if w.chunk < steps {
+            (steps - w.chunk).div_ceil(g.chunks)
+        } else {
+            0
+        };
+        let rows = match mine {
+            0 => 0,
+            _ => {
+                let last = (w.chunk + (mine - 1) * g.chunks) << step_log2;
+                ((mine - 1) << step_log2) + core::cmp::min(1 << step_log2, g.red_len - last)
+            }
+        };
+        w.end = order.start + rows;
+    }
+    (w, order)
 }
 
 /// Merges the accumulators of a cols block's threads that share a feature vector; thread
@@ -1529,7 +1609,7 @@ unsafe fn x_from_memory<T: Element, const KV: usize>(
 }
 
 /// The forward apply pass over the vectors `i` of `range` (`first, end, step`): vector `i`
-/// at `base + red(i * mul)`, visited in order, or last to first with a nonzero `mirror`
+/// at `base + red(row(i))`, visited in order, or last to first with a nonzero `mirror`
 /// ([`mirror_of`]); `x` of the vector visited as `i` is `load_x(i, offsets)`. `UN`
 /// vectors at a time (1 for shared memory: less code, and no memory latency to cover).
 #[inline(always)]
@@ -1540,13 +1620,13 @@ unsafe fn fwd_apply<T: Element, const KV: usize, const UN: usize>(
     range: (u32, u32, u32),
     mirror: u32,
     base: [u64; 6],
-    mul: u32,
+    row: impl Fn(u32) -> u32,
     c: &[[f32; 3]; KV],
     load_x: impl Fn(u32, [u64; 6]) -> Vec16,
 ) {
     let g = &p.geo;
     let at = #[inline(always)]
-    |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
+    |i: u32| plus(base, g.red.offsets(row(visited(mirror, i))));
     let step = range.2;
     // Inlined into each of the three calls: a called closure would take its captures
     // (the parameters' geometry among them) through local memory.
@@ -1591,7 +1671,7 @@ unsafe fn fwd_apply_rows<T: Element, const KV: usize>(
     let base = g.feat.offsets(w.f0);
     let c = [fwd_coef(p, w.f0, coef, scale, bias, mean, var); KV];
     let load_x = x_from_memory::<T, KV>(io);
-    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, KV as u32, &c, load_x);
+    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, vector_start::<KV>, &c, load_x);
 }
 
 #[inline(always)]
@@ -1620,7 +1700,7 @@ unsafe fn fwd_apply_cols<T: Element, const KV: usize>(
     }
     let load_x = x_from_memory::<T, KV>(io);
     let base = g.feat.offsets(w.f0);
-    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, 1, &c, load_x);
+    fwd_apply::<T, KV, FWD_UNROLL>(p, io, w.range(), 0, base, same_row, &c, load_x);
 }
 
 /// The pointers of a backward apply pass.
@@ -1674,7 +1754,7 @@ unsafe fn bwd_one<T: Element, const KV: usize>(
 }
 
 /// The backward apply pass over the vectors `i` of `range` (`first, end, step`): vector
-/// `i` at `base + red(i * mul)`, visited in order, or last to first with a nonzero
+/// `i` at `base + red(row(i))`, visited in order, or last to first with a nonzero
 /// `mirror` ([`mirror_of`]); the inputs of the vector visited as `i` are
 /// `load(i, offsets)`; `UN` vectors at a time.
 #[inline(always)]
@@ -1685,13 +1765,13 @@ unsafe fn bwd_apply<T: Element, const KV: usize, const UN: usize>(
     range: (u32, u32, u32),
     mirror: u32,
     base: [u64; 6],
-    mul: u32,
+    row: impl Fn(u32) -> u32,
     c: &[[f32; 4]; KV],
     load: impl Fn(u32, [u64; 6]) -> BwdLoad,
 ) {
     let g = &p.geo;
     let at = #[inline(always)]
-    |i: u32| plus(base, g.red.offsets(visited(mirror, i) * mul));
+    |i: u32| plus(base, g.red.offsets(row(visited(mirror, i))));
     let step = range.2;
     // Inlined into each of the three calls: a called closure would take its captures
     // (the parameters' geometry among them) through local memory.
@@ -1733,7 +1813,7 @@ unsafe fn bwd_apply_rows<T: Element, const KV: usize>(
         w.range(),
         0,
         g.feat.offsets(w.f0),
-        KV as u32,
+        vector_start::<KV>,
         &c,
         load,
     );
@@ -1752,7 +1832,8 @@ unsafe fn bwd_apply_cols<T: Element, const KV: usize>(
     }
     let c: [[f32; 4]; KV] = core::array::from_fn(|e| (*coef.add(w.f0 as usize + e)).0);
     let load = bwd_from_memory::<T, KV>(p, io);
-    bwd_apply::<T, KV, BWD_UNROLL>(p, io, w.range(), 0, g.feat.offsets(w.f0), 1, &c, load);
+    let base = g.feat.offsets(w.f0);
+    bwd_apply::<T, KV, BWD_UNROLL>(p, io, w.range(), 0, base, same_row, &c, load);
 }
 
 /// The backward apply passes' inputs of vector `(i, offsets)`: read from memory, for the
@@ -1795,7 +1876,7 @@ unsafe fn fwd_fused_rows<T: Element, const KV: usize>(
         w.range(),
         mirror_of(w.range()),
         base,
-        KV as u32,
+        vector_start::<KV>,
         &c,
         load_x,
     );
@@ -1900,7 +1981,16 @@ unsafe fn fwd_staged<T: Element, const KV: usize, const UN: usize>(
     let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
     let c = [[c[0], c[2], c[3]]; KV];
     let load_x = |j: u32, _: [u64; 6]| from_stage(j);
-    fwd_apply::<T, KV, UN>(&p.apply, io, w.range(), 0, base, KV as u32, &c, load_x);
+    fwd_apply::<T, KV, UN>(
+        &p.apply,
+        io,
+        w.range(),
+        0,
+        base,
+        vector_start::<KV>,
+        &c,
+        load_x,
+    );
 }
 
 #[inline(always)]
@@ -1934,7 +2024,7 @@ unsafe fn bwd_fused_rows<T: Element, const KV: usize>(
         w.range(),
         mirror,
         base,
-        KV as u32,
+        vector_start::<KV>,
         &[c; KV],
         load,
     );
@@ -2118,7 +2208,9 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
 ) {
     let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
     let g = &ap.geo;
-    let w = cols_work::<KV>(g, block_idx_x());
+    let (w, order) = resident_work::<KV>(p, block_idx_x());
+    let row = #[inline(always)]
+    |r: u32| order.row(r);
     let stash = Stash::of(g, &w);
     // The thread's rows kept on chip, and those read from memory twice (resident_rows is
     // a multiple of the step, so both are progressions of the same step, or the whole
@@ -2130,7 +2222,7 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
     );
     let streamed = (w.first + p.resident_rows, w.end, w.step);
     let base = g.feat.offsets(w.f0);
-    let x_at = |r: u32| base[X] + g.red.offsets(r)[X];
+    let x_at = |r: u32| base[X] + g.red.offsets(row(r))[X];
     let mut acc = Acc::<KV>::EMPTY;
     if w.active {
         let mut r = kept.0;
@@ -2162,9 +2254,9 @@ unsafe fn fwd_resident_cols<T: Element, const KV: usize>(
     }
     let c: [[f32; 3]; KV] = coefs.map(|c| [c[0], c[2], c[3]]);
     let load_x = x_from_memory::<T, KV>(io);
-    fwd_apply::<T, KV, FWD_UNROLL>(ap, io, streamed, mirror_of(streamed), base, 1, &c, load_x);
+    fwd_apply::<T, KV, FWD_UNROLL>(ap, io, streamed, mirror_of(streamed), base, row, &c, load_x);
     let from_stash = |r: u32, _: [u64; 6]| ld_shared_v4(stash.at(r));
-    fwd_apply::<T, KV, 1>(ap, io, kept, 0, base, 1, &c, from_stash);
+    fwd_apply::<T, KV, 1>(ap, io, kept, 0, base, row, &c, from_stash);
 }
 
 /// The backward training pass in one launch ([`BatchNormResidentParams`], backward): the
@@ -2192,7 +2284,9 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     let g = &ap.geo;
     let relu = Relu::of(ap.flags, io.mask);
     let grad_in_dz = ap.flags & bn_flags::WRITE_GRAD != 0;
-    let w = cols_work::<KV>(g, block_idx_x());
+    let (w, order) = resident_work::<KV>(p, block_idx_x());
+    let row = #[inline(always)]
+    |r: u32| order.row(r);
     let stash = Stash::of(g, &w);
     // The stashed operands' regions: x, then g (dy without a relu); with the relu mask,
     // then each vector's word of the mask (the kept rows' bits arrive with their x, dy).
@@ -2205,7 +2299,7 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
     let streamed = (w.first + p.resident_rows, w.end, w.step);
     let base = g.feat.offsets(w.f0);
     let at = #[inline(always)]
-    |r: u32| plus(base, g.red.offsets(r));
+    |r: u32| plus(base, g.red.offsets(row(r)));
     // SAFETY (every shared access below): the stash slots lie in the launch's dynamic
     // shared memory (sized by the host for resident_rows rows of the two stashed
     // operands, and with the relu mask of their mask words); each vector is 16 bytes,
@@ -2349,7 +2443,16 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
             ]
         };
         let streamed_mirror = mirror_of(streamed);
-        bwd_apply::<T, KV, BWD_UNROLL>(&on_g, io, streamed, streamed_mirror, base, 1, &c, from_dz);
+        bwd_apply::<T, KV, BWD_UNROLL>(
+            &on_g,
+            io,
+            streamed,
+            streamed_mirror,
+            base,
+            row,
+            &c,
+            from_dz,
+        );
     } else {
         let from_memory = bwd_from_memory::<T, KV>(ap, io);
         bwd_apply::<T, KV, BWD_UNROLL>(
@@ -2358,12 +2461,12 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
             streamed,
             mirror_of(streamed),
             base,
-            1,
+            row,
             &c,
             from_memory,
         );
     }
-    bwd_apply::<T, KV, 1>(&on_g, io, kept, 0, base, 1, &c, from_stash);
+    bwd_apply::<T, KV, 1>(&on_g, io, kept, 0, base, row, &c, from_stash);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -288,6 +288,7 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     const V: usize = STREAM_SLOTS as usize;
     let g = Group::new(p.warps);
     let d = p.row_len;
+    let epilogue = Epilogue::of(Epilogue::key(p));
     g.rows(p.rows, |row| {
         let [xb, yb, sb] = p.outer.offsets(row);
         let shift = row_shift(p.rms, inner, x, xb);
@@ -340,7 +341,6 @@ unsafe fn fwd_streamed<T: Element, I: Inner<4>, const K: usize>(
                 if e < d {
                     let at = inner.at(e);
                     let v = rows::load::<T, K>(x.add((xb + at[0]) as usize));
-                    let epilogue = Epilogue::of(Epilogue::key(p));
                     let out = normalize::<T, K>(epilogue, v, shift, centre, rstd, scale, bias, at);
                     rows::store::<T, K>(y.add((yb + at[1]) as usize), out);
                 }

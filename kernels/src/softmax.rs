@@ -35,23 +35,42 @@ fn combine_max_sum(a: MaxSum, b: MaxSum) -> MaxSum {
     [m, a[1] * exp(a[0] - m) + b[1] * exp(b[0] - m)]
 }
 
-/// What the forward pass writes for an input `v`, given the row's maximum `m` (0 for the
-/// fast algorithm) and `inv_or_shift`: `1 / sum` (fast, accurate) or `m + ln(sum)` (log).
-#[inline(always)]
-fn forward_value(algo: SoftmaxAlgorithm, v: f32, m: f32, inv_or_shift: f32) -> f32 {
-    if algo == SoftmaxAlgorithm::Log {
-        v - inv_or_shift
-    } else {
-        exp(v - m) * inv_or_shift
-    }
+/// How a row's outputs follow from its inputs once the row's maximum `m` (0 for the fast
+/// algorithm) and sum of `exp(x - m)` are known, with `alpha` folded into the row's factor:
+/// `exp(v - m) * (alpha / sum)`, or `(v - (m + ln(sum))) * alpha` for log softmax. Every
+/// forward pass writes its elements through it, so they agree to the bit.
+#[derive(Clone, Copy)]
+struct RowOutput {
+    m: f32,
+    m_log2e: f32,
+    factor: f32,
+    shift: f32,
 }
 
-#[inline(always)]
-fn finish_row(algo: SoftmaxAlgorithm, m: f32, sum: f32) -> f32 {
-    if algo == SoftmaxAlgorithm::Log {
-        m + ln(sum)
-    } else {
-        1.0 / sum
+impl RowOutput {
+    #[inline(always)]
+    fn of(algo: SoftmaxAlgorithm, alpha: f32, m: f32, sum: f32) -> Self {
+        let (factor, shift) = if algo == SoftmaxAlgorithm::Log {
+            (alpha, m + ln(sum))
+        } else {
+            (alpha / sum, 0.0)
+        };
+        RowOutput {
+            m,
+            m_log2e: times_log2_e(m),
+            factor,
+            shift,
+        }
+    }
+
+    /// The output of input `v` (before blending with the old output).
+    #[inline(always)]
+    fn value<T: Element>(self, algo: SoftmaxAlgorithm, v: f32) -> f32 {
+        if algo == SoftmaxAlgorithm::Log {
+            (v - self.shift) * self.factor
+        } else {
+            exp_minus::<T>(v, self.m, self.m_log2e) * self.factor
+        }
     }
 }
 
@@ -125,25 +144,13 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usi
                 s += exp_minus::<T>(vk, m, m_log2e);
             }
         });
-        let s = g.sum(s);
-        // alpha folded into the row's factor (or, for log softmax, applied once an element).
-        let (factor, shift) = if algo == SoftmaxAlgorithm::Log {
-            (p.alpha, m + ln(s))
-        } else {
-            (p.alpha / s, 0.0)
-        };
+        let row = RowOutput::of(algo, p.alpha, m, g.sum(s));
         // The exponentials are taken again rather than kept: only the held row stays live
         // across the sum.
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let out = v.get(j).map(|vk| {
-                    if algo == SoftmaxAlgorithm::Log {
-                        (vk - shift) * factor
-                    } else {
-                        exp_minus::<T>(vk, m, m_log2e) * factor
-                    }
-                });
+                let out = v.get(j).map(|vk| row.value::<T>(algo, vk));
                 // SAFETY: as the kernel's: `e` is inside the row.
                 unsafe {
                     let at = y.add((yb + inner.at(e)[1]) as usize);
@@ -217,18 +224,15 @@ unsafe fn fwd_streamed<T: Element, I: Inner<2>, const K: usize>(
             acc = combine_max_sum(acc, [m, s]);
         }
         let [m, s] = g.reduce(acc, [f32::NEG_INFINITY, 0.0], combine_max_sum, shfl_pair);
-        let inv_or_shift = finish_row(algo, m, s);
+        let out_of = RowOutput::of(algo, p.alpha, m, s);
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let at = inner.at(e);
                     let v = rows::load::<T, K>(x.add((xb + at[0]) as usize));
-                    let mut out = [0.0f32; K];
-                    for k in 0..K {
-                        out[k] = forward_value(algo, v[k], m, inv_or_shift);
-                    }
-                    blend_store::<T, K>(p.alpha, p.beta, y.add((yb + at[1]) as usize), out);
+                    let out = v.map(|vk| out_of.value::<T>(algo, vk));
+                    blend_store::<T, K>(1.0, p.beta, y.add((yb + at[1]) as usize), out);
                 }
             });
         }
@@ -411,13 +415,13 @@ unsafe fn fwd_column<T: Element>(p: &SoftmaxFwdParams, x: *const T, y: *mut T) {
             acc = combine_max_sum(acc, [m, s]);
         });
         let [m, s] = acc;
-        let inv_or_shift = finish_row(algo, m, s);
+        let out_of = RowOutput::of(algo, p.alpha, m, s);
         for_each_element(p.row_len, &p.inner, |offs, n| {
             let v: [f32; 4] = core::array::from_fn(|i| T::load(x.add((xb + offs[i][0]) as usize)));
             for i in 0..4 {
                 if (i as u32) < n {
-                    let out = [forward_value(algo, v[i], m, inv_or_shift)];
-                    blend_store::<T, 1>(p.alpha, p.beta, y.add((yb + offs[i][1]) as usize), out);
+                    let out = [out_of.value::<T>(algo, v[i])];
+                    blend_store::<T, 1>(1.0, p.beta, y.add((yb + offs[i][1]) as usize), out);
                 }
             }
         });

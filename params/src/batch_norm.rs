@@ -67,8 +67,9 @@ pub mod bn_flags {
     /// `dz` (the fused add's gradient with blend factors 1 and 0), so the apply pass reads
     /// `g` instead of `dy` and `y`.
     pub const WRITE_GRAD: u32 = 128;
-    /// Cols apply: deal the rows to the chunks a block-wide step at a time, so the grid
-    /// walks the tensor together, instead of a contiguous chunk a block.
+    /// Cols apply, and the resident kernels where they stream rows: deal the rows to the
+    /// chunks a block-wide step at a time, so the grid walks the tensor together, instead
+    /// of a contiguous chunk a block.
     pub const INTERLEAVE_ROWS: u32 = 256;
 }
 
@@ -202,7 +203,10 @@ pub struct BatchNormFusedParams {
 /// `BN_BLOCK_THREADS / tile_vectors`, or the whole chunk) in its dynamic shared memory,
 /// after the
 /// [`BN_COLS_SHARED_BYTES`] of its reduction scratch: row `l` of the chunk, feature vector
-/// `v` of the tile at `16 * (l * tile_vectors + v)`. Phases, separated by grid barriers:
+/// `v` of the tile at `16 * (l * tile_vectors + v)`. Where the rest is streamed, chunks
+/// are whole steps of rows, and with [`bn_flags::INTERLEAVE_ROWS`] chunk `c`'s steps are
+/// the tensor's steps `c, c + chunks, ..` (its first rows are its first steps). Phases,
+/// separated by grid barriers:
 /// the stats (partials, as the stats kernel); the finalize; the apply (streamed rows last
 /// to first, then the resident rows). The finalize, with `fused.finalize`'s formulas:
 /// with `local_finalize`, each tile's blocks meet at a barrier of their own (`chunks`
