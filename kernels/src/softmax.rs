@@ -38,7 +38,8 @@ fn combine_max_sum(a: MaxSum, b: MaxSum) -> MaxSum {
 /// How a row's outputs follow from its inputs once the row's maximum `m` (0 for the fast
 /// algorithm) and sum of `exp(x - m)` are known, with `alpha` folded into the row's factor:
 /// `exp(v - m) * (alpha / sum)`, or `(v - (m + ln(sum))) * alpha` for log softmax. Every
-/// forward pass writes its elements through it, so they agree to the bit.
+/// forward pass (in registers, streamed, a thread per row) writes its elements through it:
+/// one formula for all three.
 #[derive(Clone, Copy)]
 struct RowOutput {
     m: f32,
@@ -144,13 +145,13 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<2>, const K: usize, const V: usi
                 s += exp_minus::<T>(vk, m, m_log2e);
             }
         });
-        let row = RowOutput::of(algo, p.alpha, m, g.sum(s));
+        let out_of = RowOutput::of(algo, p.alpha, m, g.sum(s));
         // The exponentials are taken again rather than kept: only the held row stays live
         // across the sum.
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let out = v.get(j).map(|vk| row.value::<T>(algo, vk));
+                let out = v.get(j).map(|vk| out_of.value::<T>(algo, vk));
                 // SAFETY: as the kernel's: `e` is inside the row.
                 unsafe {
                     let at = y.add((yb + inner.at(e)[1]) as usize);
