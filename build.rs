@@ -305,6 +305,10 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     // takes one warp): five blocks per SM (<= 51 registers; ptxas 12.9 takes 56 in
     // 16-bit types unbounded, four blocks, and 48 bounded with no spills; f32 takes 47).
     ("layer_norm_fwd_vec2_", 256, 5),
+    // The layer/RMS norm backward's weight-gradient sums: blocks of 1024 threads, so at
+    // most 64 registers (ptxas 12.9 takes 96 unbounded for the 24 loads a thread keeps in
+    // flight, a block that could not launch; 64 bounded with no spills).
+    ("layer_norm_bwd_weights_", 1024, 1),
     ("matmul_mma_64x64s_kk_", 128, 4),
     ("matmul_mma_64x64s_kn_", 128, 4),
     ("matmul_mma_64x64s_nk_", 128, 4),

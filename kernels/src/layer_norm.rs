@@ -13,8 +13,9 @@
 //! Statistics and arithmetic are f32 for every storage type.
 
 use crate::device::{
-    block_dim_x, block_idx_x, dynamic_smem, fma, lane_id, ld_shared_f32, ld_shared_v4,
-    rsqrt_approx, shfl_xor_f32, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x, warp_id,
+    block_dim_x, block_idx_x, dynamic_smem, fma, lane_id, ld_global_v4, ld_shared_f32,
+    ld_shared_v4, rsqrt_approx, shfl_xor_f32, st_global_v4, st_shared_f32, st_shared_v4,
+    sync_threads, thread_idx_x, warp_id,
 };
 use crate::element::Element;
 use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
@@ -363,17 +364,16 @@ unsafe fn gamma_of<T: Element, const K: usize>(
     }
 }
 
-/// `xhat = (x - mean) * rstd` and `g = dy * gamma` of one slot.
+/// `xc = x - mean` and `g = dy * gamma` of one slot (`xhat = xc * rstd`).
 #[inline(always)]
-fn xhat_and_g<const K: usize>(
+fn centred_and_g<const K: usize>(
     xv: [f32; K],
     dyv: [f32; K],
     gamma: [f32; K],
     mean: f32,
-    rstd: f32,
 ) -> ([f32; K], [f32; K]) {
     (
-        core::array::from_fn(|k| (xv[k] - mean) * rstd),
+        core::array::from_fn(|k| xv[k] - mean),
         core::array::from_fn(|k| dyv[k] * gamma[k]),
     )
 }
@@ -383,22 +383,44 @@ fn xhat_and_g<const K: usize>(
 fn bwd_sums<const K: usize>(xhat: [f32; K], gdy: [f32; K], sums: &mut [f32; 2]) {
     for k in 0..K {
         sums[0] += gdy[k];
-        sums[1] += gdy[k] * xhat[k];
+        sums[1] = fma(gdy[k], xhat[k], sums[1]);
     }
 }
 
-/// `dx` of `K` elements from `xhat`, `g = dy * gamma` and the row means `mean(g)` and
-/// `mean(g * xhat)`.
-#[inline(always)]
-fn dx_of<const K: usize>(xhat: [f32; K], gdy: [f32; K], means: [f32; 2], rstd: f32) -> [f32; K] {
-    let mut out = [0.0f32; K];
-    for k in 0..K {
-        out[k] = rstd * (gdy[k] - means[0] - xhat[k] * means[1]);
-    }
-    out
+/// A row's `dx = rstd * (g - mean(g) - xhat * mean(g * xhat))` in the form its element
+/// pass takes: `g * rstd + (xc * c + b)` with `b = -rstd * mean(g)` and
+/// `c = -rstd^2 * mean(g * xhat)`, two fused multiply-adds an element once `xc = x - mean`
+/// and `g` are known (the centring stays a subtraction of its own: rows far from zero keep
+/// their precision).
+#[derive(Clone, Copy)]
+struct DxRow {
+    rstd: f32,
+    b: f32,
+    c: f32,
 }
 
-/// The row's saved statistics and the means of `g` and `g * xhat` from their sums.
+impl DxRow {
+    /// From the row's sums of `g` and `g * xhat` and `1 / row_len` (a product: a divide
+    /// per row would call its slow-path subroutine, which waits on every load in flight).
+    #[inline(always)]
+    fn of(p: &LayerNormBwdParams, sums: [f32; 2], inv_d: f32, rstd: f32) -> Self {
+        let mean_g = if p.rms != 0 { 0.0 } else { sums[0] * inv_d };
+        let mean_gx = sums[1] * inv_d;
+        Self {
+            rstd,
+            b: -rstd * mean_g,
+            c: -rstd * rstd * mean_gx,
+        }
+    }
+
+    /// `dx` of `K` elements from their `xc` and `g`.
+    #[inline(always)]
+    fn dx<const K: usize>(&self, xc: [f32; K], gdy: [f32; K]) -> [f32; K] {
+        core::array::from_fn(|k| fma(gdy[k], self.rstd, fma(xc[k], self.c, self.b)))
+    }
+}
+
+/// The row's saved mean (0 for RMS norm, which has none) and `rstd`.
 #[inline(always)]
 unsafe fn saved_stats(
     p: &LayerNormBwdParams,
@@ -412,16 +434,6 @@ unsafe fn saved_stats(
         *mean_in.add(at as usize)
     };
     (mean, *rstd_in.add(at as usize))
-}
-
-/// `mean(g)` and `mean(g * xhat)` from their sums and `1 / row_len` (a product: a divide
-/// per row would call its slow-path subroutine, which waits on every load in flight).
-#[inline(always)]
-fn row_means(p: &LayerNormBwdParams, sums: [f32; 2], inv_d: f32) -> [f32; 2] {
-    [
-        if p.rms != 0 { 0.0 } else { sums[0] * inv_d },
-        sums[1] * inv_d,
-    ]
 }
 
 /// The weight-gradient sums of the in-register backward (`dy * xhat` for the scale, `dy`
@@ -492,22 +504,23 @@ impl<const K: usize, const V: usize> WeightSums<K, V> {
         out
     }
 
-    /// Adds `v` to this thread's sums of slot `j` in table `s`.
+    /// Replaces this thread's sum of element `k` of slot `j` in table `s` by
+    /// `update(k, sum)`.
     ///
     /// # Safety
     /// As [`WeightSums::clear`].
     #[inline(always)]
-    unsafe fn add(&self, s: u32, j: usize, v: [f32; K]) {
+    unsafe fn update(&self, s: u32, j: usize, update: impl Fn(usize, f32) -> f32) {
         let t = thread_idx_x();
         let old = self.get(s, j, t);
         if K % 4 == 0 {
             for c in 0..K / 4 {
-                let w = core::array::from_fn(|i| (old[4 * c + i] + v[4 * c + i]).to_bits());
+                let w = core::array::from_fn(|i| update(4 * c + i, old[4 * c + i]).to_bits());
                 st_shared_v4(self.at(s, j * K + 4 * c, t), w);
             }
         } else {
             for k in 0..K {
-                st_shared_f32(self.at(s, j * K + k, t), old[k] + v[k]);
+                st_shared_f32(self.at(s, j * K + k, t), update(k, old[k]));
             }
         }
     }
@@ -603,24 +616,22 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
         let mut sums = [0.0f32; 2];
         crate::unrolled!(j in V => {
             let dyj = dyv.get(j);
-            let (xhat, gdy) = xhat_and_g::<K>(xv.get(j), dyj, gamma[j], mean, rstd);
+            let (xc, gdy) = centred_and_g::<K>(xv.get(j), dyj, gamma[j], mean);
+            let xhat: [f32; K] = core::array::from_fn(|k| xc[k] * rstd);
             bwd_sums::<K>(xhat, gdy, &mut sums);
             if weight_grads {
-                wsums.add(0, j, core::array::from_fn(|k| dyj[k] * xhat[k]));
-                wsums.add(1, j, dyj);
+                wsums.update(0, j, |k, sum| fma(dyj[k], xhat[k], sum));
+                wsums.update(1, j, |k, sum| sum + dyj[k]);
             }
         });
         let next = load(row + g.count);
-        let means = row_means(
-            p,
-            g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair),
-            inv_d,
-        );
+        let sums = g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair);
+        let dx_row = DxRow::of(p, sums, inv_d, rstd);
         crate::unrolled!(j in V => {
             let e = g.first::<K, V>(0, j);
             if e < d {
-                let (xhat, gdy) = xhat_and_g::<K>(xv.get(j), dyv.get(j), gamma[j], mean, rstd);
-                let out = dx_of::<K>(xhat, gdy, means, rstd);
+                let (xc, gdy) = centred_and_g::<K>(xv.get(j), dyv.get(j), gamma[j], mean);
+                let out = dx_row.dx::<K>(xc, gdy);
                 rows::store::<T, K>(dx.add((dx_base + inner.at(e)[2]) as usize), out);
             }
         });
@@ -665,12 +676,56 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
                     db[k] += bs[k];
                 }
             }
-            for k in 0..K {
-                *dg_out.add(e as usize + k) = dg[k];
-                *db_out.add(e as usize + k) = db[k];
-            }
+            store_partials::<K>(dg_out.add(e as usize), dg);
+            store_partials::<K>(db_out.add(e as usize), db);
         }
     });
+}
+
+/// Stores a thread's `K` weight-gradient partials of consecutive elements: 16-byte stores
+/// where `K` is a multiple of 4 (the vector kernels', whose slots start at multiples of
+/// `K` elements of a row whose length is one, in a workspace aligned to 256 bytes), single
+/// ones otherwise. (Single stores of 4 bytes, each a warp's 32 lanes `4 * K` bytes apart,
+/// took 14 of the 75 µs of the f16 8192x4096 backward.)
+///
+/// # Safety
+/// `at` points at `K` writable f32, aligned to 16 bytes when `K % 4 == 0`.
+#[inline(always)]
+unsafe fn store_partials<const K: usize>(at: *mut f32, v: [f32; K]) {
+    if K % 4 == 0 {
+        for c in 0..K / 4 {
+            st_global_v4(
+                at.add(4 * c) as *mut u32,
+                core::array::from_fn(|i| v[4 * c + i].to_bits()),
+            );
+        }
+    } else {
+        for k in 0..K {
+            *at.add(k) = v[k];
+        }
+    }
+}
+
+/// Loads what [`store_partials`] stored.
+///
+/// # Safety
+/// As [`store_partials`], readable.
+#[inline(always)]
+unsafe fn load_partials<const K: usize>(at: *const f32) -> [f32; K] {
+    let mut v = [0.0f32; K];
+    if K % 4 == 0 {
+        for c in 0..K / 4 {
+            let w = ld_global_v4(at.add(4 * c) as *const u32);
+            for i in 0..4 {
+                v[4 * c + i] = f32::from_bits(w[i]);
+            }
+        }
+    } else {
+        for k in 0..K {
+            v[k] = *at.add(k);
+        }
+    }
+    v
 }
 
 /// The backward pass for long rows: the two row sums chunk by chunk, then `dx` and the
@@ -716,27 +771,26 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let (at, xv, dyv) = load(e);
-                    let (xhat, gdy) = xhat_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean, rstd);
-                    bwd_sums::<K>(xhat, gdy, &mut sums);
+                    let (xc, gdy) = centred_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean);
+                    bwd_sums::<K>(core::array::from_fn(|k| xc[k] * rstd), gdy, &mut sums);
                 }
             });
         }
-        let means = row_means(p, g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair), inv_d);
+        let sums = g.reduce(sums, [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]], shfl_pair);
+        let dx_row = DxRow::of(p, sums, inv_d, rstd);
         let first_row = row == g.index;
         for c in 0..p.chunks {
             crate::unrolled!(j in V => {
                 let e = g.first::<K, V>(c, j);
                 if e < d {
                     let (at, xv, dyv) = load(e);
-                    let (xhat, gdy) = xhat_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean, rstd);
-                    rows::store::<T, K>(dx.add((dxb + at[2]) as usize), dx_of::<K>(xhat, gdy, means, rstd));
+                    let (xc, gdy) = centred_and_g::<K>(xv, dyv, gamma_of::<T, K>(p, at[3], scale), mean);
+                    rows::store::<T, K>(dx.add((dxb + at[2]) as usize), dx_row.dx::<K>(xc, gdy));
                     if weight_grads {
-                        for k in 0..K {
-                            let i = e as usize + k;
-                            let (og, ob) = if first_row { (0.0, 0.0) } else { (*dg_out.add(i), *db_out.add(i)) };
-                            *dg_out.add(i) = og + dyv[k] * xhat[k];
-                            *db_out.add(i) = ob + dyv[k];
-                        }
+                        let (dg_at, db_at) = (dg_out.add(e as usize), db_out.add(e as usize));
+                        let (og, ob) = if first_row { ([0.0; K], [0.0; K]) } else { (load_partials::<K>(dg_at), load_partials::<K>(db_at)) };
+                        store_partials::<K>(dg_at, core::array::from_fn(|k| fma(dyv[k], xc[k] * rstd, og[k])));
+                        store_partials::<K>(db_at, core::array::from_fn(|k| ob[k] + dyv[k]));
                     }
                 }
             });
@@ -753,9 +807,15 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
     }
 }
 
+/// Slots whose partials a thread of `layer_norm_bwd_weights_*` loads at once: with 32
+/// warps a block, up to `32 * WEIGHT_SLOTS_AT_ONCE` slots (every resident block of the
+/// backward) take one round trip to memory.
+const WEIGHT_SLOTS_AT_ONCE: usize = 12;
+
 /// Sums the `p.slots` partials of each element in slot order: lane `l` of warp `w` adds
-/// slots `w, w + 32, ..` of element `32 * block + l`, then warp 0 adds the 32 warps' sums
-/// in order and writes.
+/// slots `w, w + 32, ..` of element `32 * block + l` (their loads issued
+/// [`WEIGHT_SLOTS_AT_ONCE`] at a time, then added in order), then warp 0 adds the 32
+/// warps' sums in order and writes.
 #[inline(always)]
 unsafe fn bwd_weights<W: Element>(
     p: &LayerNormWeightsParams,
@@ -763,38 +823,31 @@ unsafe fn bwd_weights<W: Element>(
     dscale: *mut W,
     dbias: *mut W,
 ) {
+    const N: usize = WEIGHT_SLOTS_AT_ONCE;
     let (lane, warp) = (lane_id(), warp_id());
     let d = p.row_len as usize;
     let e = block_idx_x() * 32 + lane;
     let slots = p.slots as usize;
-    let mut sums = [[0.0f32; 2]; 4];
+    let mut total = [0.0f32; 2];
     if (e as usize) < d {
-        let column = |s: usize| {
-            [
-                *partials.add(s * d + e as usize),
-                *partials.add((slots + s) * d + e as usize),
-            ]
-        };
-        let mut s = warp as usize;
-        while s + 96 < slots {
-            let v = [column(s), column(s + 32), column(s + 64), column(s + 96)];
-            for i in 0..4 {
-                sums[i][0] += v[i][0];
-                sums[i][1] += v[i][1];
-            }
-            s += 128;
-        }
-        while s < slots {
-            let v = column(s);
-            sums[0][0] += v[0];
-            sums[0][1] += v[1];
-            s += 32;
+        let mut first = warp as usize;
+        while first < slots {
+            // Unconditional loads (past the last slot, the last again), so that all are
+            // issued before the first add waits.
+            let mut v = [[0.0f32; 2]; N];
+            crate::unrolled!(i in N => {
+                let s = (first + 32 * i).min(slots - 1);
+                v[i] = [*partials.add(s * d + e as usize), *partials.add((slots + s) * d + e as usize)];
+            });
+            crate::unrolled!(i in N => {
+                if first + 32 * i < slots {
+                    total[0] += v[i][0];
+                    total[1] += v[i][1];
+                }
+            });
+            first += 32 * N;
         }
     }
-    let total = [
-        (sums[0][0] + sums[1][0]) + (sums[2][0] + sums[3][0]),
-        (sums[0][1] + sums[1][1]) + (sums[2][1] + sums[3][1]),
-    ];
     let smem = crate::shared_f32!(8448);
     smem.store(warp * 33 + lane, total[0]);
     smem.store(32 * 33 + warp * 33 + lane, total[1]);
