@@ -13,9 +13,8 @@
 //! Statistics and arithmetic are f32 for every storage type.
 
 use crate::device::{
-    block_dim_x, block_idx_x, dynamic_smem, fma, lane_id, ld_global_v4, ld_shared_f32,
-    ld_shared_v4, rsqrt_approx, shfl_xor_f32, st_global_v4, st_shared_f32, st_shared_v4,
-    sync_threads, thread_idx_x, warp_id,
+    block_dim_x, block_idx_x, dynamic_smem, fma, lane_id, ld_shared_f32, ld_shared_v4,
+    rsqrt_approx, shfl_xor_f32, st_shared_f32, st_shared_v4, sync_threads, thread_idx_x, warp_id,
 };
 use crate::element::Element;
 use crate::rows::{self, shfl_pair, vector_elements, Dense, Group, Held, Inner};
@@ -676,56 +675,14 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
                     db[k] += bs[k];
                 }
             }
-            store_partials::<K>(dg_out.add(e as usize), dg);
-            store_partials::<K>(db_out.add(e as usize), db);
+            // 16-byte stores where K is a multiple of 4 (the vector kernels: the slot starts
+            // at a multiple of K elements, the row length is one, and the workspace is a
+            // device allocation, 256-byte aligned). Single 4-byte stores, each a warp's
+            // lanes 4 * K bytes apart, took 14 of the 75 µs of the f16 8192x4096 backward.
+            rows::store_f32s::<K>(dg_out.add(e as usize), dg);
+            rows::store_f32s::<K>(db_out.add(e as usize), db);
         }
     });
-}
-
-/// Stores a thread's `K` weight-gradient partials of consecutive elements: 16-byte stores
-/// where `K` is a multiple of 4 (the vector kernels', whose slots start at multiples of
-/// `K` elements of a row whose length is one, in a workspace aligned to 256 bytes), single
-/// ones otherwise. (Single stores of 4 bytes, each a warp's 32 lanes `4 * K` bytes apart,
-/// took 14 of the 75 µs of the f16 8192x4096 backward.)
-///
-/// # Safety
-/// `at` points at `K` writable f32, aligned to 16 bytes when `K % 4 == 0`.
-#[inline(always)]
-unsafe fn store_partials<const K: usize>(at: *mut f32, v: [f32; K]) {
-    if K % 4 == 0 {
-        for c in 0..K / 4 {
-            st_global_v4(
-                at.add(4 * c) as *mut u32,
-                core::array::from_fn(|i| v[4 * c + i].to_bits()),
-            );
-        }
-    } else {
-        for k in 0..K {
-            *at.add(k) = v[k];
-        }
-    }
-}
-
-/// Loads what [`store_partials`] stored.
-///
-/// # Safety
-/// As [`store_partials`], readable.
-#[inline(always)]
-unsafe fn load_partials<const K: usize>(at: *const f32) -> [f32; K] {
-    let mut v = [0.0f32; K];
-    if K % 4 == 0 {
-        for c in 0..K / 4 {
-            let w = ld_global_v4(at.add(4 * c) as *const u32);
-            for i in 0..4 {
-                v[4 * c + i] = f32::from_bits(w[i]);
-            }
-        }
-    } else {
-        for k in 0..K {
-            v[k] = *at.add(k);
-        }
-    }
-    v
 }
 
 /// The backward pass for long rows: the two row sums chunk by chunk, then `dx` and the
@@ -788,9 +745,11 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
                     rows::store::<T, K>(dx.add((dxb + at[2]) as usize), dx_row.dx::<K>(xc, gdy));
                     if weight_grads {
                         let (dg_at, db_at) = (dg_out.add(e as usize), db_out.add(e as usize));
-                        let (og, ob) = if first_row { ([0.0; K], [0.0; K]) } else { (load_partials::<K>(dg_at), load_partials::<K>(db_at)) };
-                        store_partials::<K>(dg_at, core::array::from_fn(|k| fma(dyv[k], xc[k] * rstd, og[k])));
-                        store_partials::<K>(db_at, core::array::from_fn(|k| ob[k] + dyv[k]));
+                        // As the in-register kernels' partials (16-byte accesses), coherent:
+                        // this group wrote them for its earlier rows.
+                        let (og, ob) = if first_row { ([0.0; K], [0.0; K]) } else { (rows::load_f32s::<K>(dg_at, false), rows::load_f32s::<K>(db_at, false)) };
+                        rows::store_f32s::<K>(dg_at, core::array::from_fn(|k| fma(dyv[k], xc[k] * rstd, og[k])));
+                        rows::store_f32s::<K>(db_at, core::array::from_fn(|k| ob[k] + dyv[k]));
                     }
                 }
             });

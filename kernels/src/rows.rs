@@ -12,9 +12,9 @@
 //! group's registers are streamed chunk by chunk (`long` kernels).
 
 use crate::device::{
-    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, ld_shared_words,
-    max_propagate_nan, opaque_words, shfl_xor_f32, st_shared_words, sync_threads, thread_idx_x,
-    warp_id, warp_reduce, Vec16,
+    bar_sync, block_dim_x, block_idx_x, grid_dim_x, lane_id, ld_global_nc_v4, ld_global_v4,
+    ld_shared_words, max_propagate_nan, opaque_words, shfl_xor_f32, st_global_v4, st_shared_words,
+    sync_threads, thread_idx_x, warp_id, warp_reduce, Vec16,
 };
 use crate::element::Element;
 use core::marker::PhantomData;
@@ -338,11 +338,26 @@ pub unsafe fn load_params<T: Element, const K: usize>(
     if !f32_params {
         return load::<T, K>((w as *const T).add(off as usize));
     }
-    let p = (w as *const f32).add(off as usize);
+    load_f32s::<K>((w as *const f32).add(off as usize), true)
+}
+
+/// `K` consecutive f32 at `p`: 16-byte loads where `K` is a multiple of 4, single ones
+/// otherwise; through the read-only path where `read_only` (memory no thread of the launch
+/// writes).
+///
+/// # Safety
+/// `p` points at `K` readable f32, 16-byte aligned where `K % 4 == 0`.
+#[inline(always)]
+pub unsafe fn load_f32s<const K: usize>(p: *const f32, read_only: bool) -> [f32; K] {
     let mut out = [0.0f32; K];
     if K % 4 == 0 {
         for c in 0..K / 4 {
-            let v = ld_global_nc_v4(p.add(4 * c) as *const u32);
+            let q = p.add(4 * c) as *const u32;
+            let v = if read_only {
+                ld_global_nc_v4(q)
+            } else {
+                ld_global_v4(q)
+            };
             for i in 0..4 {
                 out[4 * c + i] = f32::from_bits(v[i]);
             }
@@ -353,4 +368,24 @@ pub unsafe fn load_params<T: Element, const K: usize>(
         }
     }
     out
+}
+
+/// Stores `K` consecutive f32 at `p` as [`load_f32s`] loads them.
+///
+/// # Safety
+/// `p` points at `K` writable f32, 16-byte aligned where `K % 4 == 0`.
+#[inline(always)]
+pub unsafe fn store_f32s<const K: usize>(p: *mut f32, v: [f32; K]) {
+    if K % 4 == 0 {
+        for c in 0..K / 4 {
+            st_global_v4(
+                p.add(4 * c) as *mut u32,
+                core::array::from_fn(|i| v[4 * c + i].to_bits()),
+            );
+        }
+    } else {
+        for k in 0..K {
+            *p.add(k) = v[k];
+        }
+    }
 }
