@@ -675,10 +675,10 @@ unsafe fn bwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
                     db[k] += bs[k];
                 }
             }
-            // 16-byte stores where K is a multiple of 4 (the vector kernels: the slot starts
-            // at a multiple of K elements, the row length is one, and the workspace is a
-            // device allocation, 256-byte aligned). Single 4-byte stores, each a warp's
-            // lanes 4 * K bytes apart, took 14 of the 75 µs of the f16 8192x4096 backward.
+            // 16-byte stores where K is a multiple of 4 (the vector kernels: `e` and the row
+            // length are multiples of K, and the workspace is a device allocation, 256-byte
+            // aligned). Single 4-byte stores, a warp's lanes 4 * K bytes apart, took 14 of
+            // the 75 µs of the f16 8192x4096 backward.
             rows::store_f32s::<K>(dg_out.add(e as usize), dg);
             rows::store_f32s::<K>(db_out.add(e as usize), db);
         }
@@ -767,8 +767,8 @@ unsafe fn bwd_streamed<T: Element, I: Inner<4>, const K: usize>(
 }
 
 /// Slots whose partials a thread of `layer_norm_bwd_weights_*` loads at once: with 32
-/// warps a block, up to `32 * WEIGHT_SLOTS_AT_ONCE` slots (every resident block of the
-/// backward) take one round trip to memory.
+/// warps a block, up to 384 slots take one round trip to memory (the backward leaves a
+/// slot per resident block: 264 at two blocks an SM on 132 SMs).
 const WEIGHT_SLOTS_AT_ONCE: usize = 12;
 
 /// Sums the `p.slots` partials of each element in slot order: lane `l` of warp `w` adds
