@@ -78,8 +78,8 @@ pub(crate) struct Gpu {
     pub(crate) shared_per_sm: u32,
     pub(crate) shared_per_block_optin: u32,
     pub(crate) shared_reserved_per_block: u32,
-    /// The state of the kernels' grid and group barriers (`device::group_barrier`): two
-    /// words per group of [`BARRIER_GROUPS`], zeroed when allocated (on first use); every
+    /// The state of the kernels' grid and group barriers (`device::group_barrier`): a
+    /// word per group of [`BARRIER_GROUPS`], zeroed when allocated (on first use); every
     /// such launch leaves them ready for the next, and the stream orders the launches.
     grid_barrier: Mutex<Option<CudaSlice<u32>>>,
     /// Compute capability, (major, minor).
@@ -348,14 +348,14 @@ impl Gpu {
         self.launch_slots(kernel, f, cfg, &mut slots, cooperative)
     }
 
-    /// The device address of the barrier state (see the field): group `g`'s pair at word
-    /// `2 * g`, the grid's the first.
+    /// The device address of the barrier state (see the field): group `g`'s word at `g`,
+    /// the grid's the first.
     pub(crate) fn grid_barrier(&self) -> Result<u64> {
         let mut state = self.grid_barrier.lock().unwrap_or_else(|p| p.into_inner());
         if state.is_none() {
             let zeroed = self
                 .stream
-                .alloc_zeros::<u32>(2 * BARRIER_GROUPS as usize)
+                .alloc_zeros::<u32>(BARRIER_GROUPS as usize)
                 .map_err(|e| Error::driver("cuMemAllocAsync", e))?;
             *state = Some(zeroed);
         }

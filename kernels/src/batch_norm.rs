@@ -2085,8 +2085,7 @@ unsafe fn coef_of(coef: *const BatchNormCoef, f: u32) -> [f32; 4] {
 }
 
 /// Where a resident launch's blocks meet: the partials and coefficients of the workspace
-/// and the barrier state (a `[arrived, generation]` pair per tile, the first also the
-/// grid's).
+/// and the barrier state (a word per tile, the first also the grid's).
 #[derive(Clone, Copy)]
 struct Sync {
     partials: *mut BatchNormPartial,
@@ -2118,7 +2117,7 @@ unsafe fn resident_coefficients<const KV: usize>(
     write_cols_partials(g, w, total, sync.partials);
     if p.local_finalize != 0 {
         let tile = block_idx_x() % g.tiles;
-        group_barrier(sync.barrier.add(2 * tile as usize), g.chunks);
+        group_barrier(sync.barrier.add(tile as usize), g.chunks, w.chunk == 0);
         tile_finalize::<KV>(g, tile, w.chunk == 0, sync.partials, &merge, &finish);
         if !w.active {
             return [[0.0; 4]; KV];

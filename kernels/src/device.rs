@@ -1345,18 +1345,6 @@ pub fn thread_fence() {
     unsafe { asm!("fence.acq_rel.gpu;", options(nostack, preserves_flags)) }
 }
 
-/// A volatile (never cached, never elided) load of a global `u32`.
-///
-/// # Safety
-/// `p` is 4-byte aligned and points into readable global memory.
-#[inline(always)]
-pub unsafe fn ld_volatile_u32(p: *const u32) -> u32 {
-    let v: u32;
-    asm!("ld.volatile.global.u32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p,
-         options(nostack, preserves_flags));
-    v
-}
-
 /// A load of a global `u32` with acquire semantics at GPU scope (never cached in L1).
 ///
 /// # Safety
@@ -1369,56 +1357,45 @@ pub unsafe fn ld_acquire_u32(p: *const u32) -> u32 {
     v
 }
 
-/// A volatile (never cached, never elided) store to a global `u32`.
-///
-/// # Safety
-/// `p` is 4-byte aligned and points into writable global memory.
-#[inline(always)]
-pub unsafe fn st_volatile_u32(p: *mut u32, v: u32) {
-    asm!("st.volatile.global.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v,
-         options(nostack, preserves_flags));
-}
-
 /// A barrier across every block of the launch: no thread passes it before every thread of
 /// the grid has reached it, and the memory writes of all before it are visible to all
-/// after it ([`group_barrier`] of the whole grid).
+/// after it ([`group_barrier`] of the whole grid, block 0 leading).
 ///
 /// # Safety
 /// As [`group_barrier`], the group being the grid.
 #[inline(always)]
 pub unsafe fn grid_barrier(state: *mut u32) {
-    group_barrier(state, grid_dim_x() * grid_dim_y());
+    let leader = block_idx_x() == 0 && block_idx_y() == 0;
+    group_barrier(state, grid_dim_x() * grid_dim_y(), leader);
 }
 
-/// A barrier across a group of `members` blocks of the launch: no thread passes it before
-/// every thread of the group's blocks has reached it, and the memory writes of all before
-/// it are visible to all after it.
+/// A barrier across a group of `members` blocks of the launch, one of them the `leader`:
+/// no thread passes it before every thread of the group's blocks has reached it, and the
+/// memory writes of all before it are visible to all after it.
 ///
-/// `state` is two words, `[arrived, generation]`, one pair per group: each block's thread
-/// 0 notes the generation, arrives, and the last to arrive resets `arrived` to 0 and then
-/// advances the generation, which the others wait for. So `arrived` is 0 again whenever
-/// no barrier is in progress, and one state serves any number of barriers and of launches
-/// in stream order.
+/// `state` is one word: each block's thread 0 adds to it, 1 for the others and
+/// `2^31 - (members - 1)` for the leader, so the arrivals add up to `2^31` exactly: the
+/// last one flips the word's top bit and leaves its other bits as they were (0), and each
+/// block waits until the top bit differs from the one its own addition saw. Nobody resets
+/// or advances anything after the last arrival (the waiters see that arrival itself), and
+/// the bits below the top are 0 whenever no barrier is in progress, so one state serves
+/// any number of barriers and of launches in stream order.
 ///
 /// # Safety
 /// Every block of the group is resident at once (a cooperative launch) and calls it with
-/// the same `state` and `members`, every thread of each block in uniform control flow;
-/// `state` is global memory no concurrent launch or other group uses, with `arrived == 0`
-/// when the launch starts.
+/// the same `state` and `members`, exactly one of them as the `leader`, every thread of
+/// each block in uniform control flow; `state` is global memory no concurrent launch or
+/// other group uses, its bits below the top 0 when the launch starts.
 #[inline(always)]
-pub unsafe fn group_barrier(state: *mut u32, members: u32) {
+pub unsafe fn group_barrier(state: *mut u32, members: u32, leader: bool) {
+    const TOP: u32 = 1 << 31;
     sync_threads_divergent();
     if thread_idx_x() == 0 {
-        let generation = ld_volatile_u32(state.add(1));
         // Releases the block's writes (ordered before this thread's by the block barrier).
         thread_fence();
-        if atomic_add_u32(state, 1) == members - 1 {
-            st_volatile_u32(state, 0);
-            thread_fence();
-            st_volatile_u32(state.add(1), generation.wrapping_add(1));
-        } else {
-            while ld_acquire_u32(state.add(1)) == generation {}
-        }
+        let add = if leader { TOP - (members - 1) } else { 1 };
+        let seen = atomic_add_u32(state, add) & TOP;
+        while ld_acquire_u32(state) & TOP == seen {}
         // Acquires every block's writes for this block's threads (the barrier below).
         thread_fence();
     }

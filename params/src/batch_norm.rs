@@ -214,8 +214,8 @@ pub struct BatchNormFusedParams {
 /// second barrier); otherwise the grid's blocks take a feature each in turn, with the
 /// finalize kernel's formulas, between two grid barriers, the coefficients through the
 /// workspace.
-/// Barrier state: a `[arrived, generation]` pair per tile (at most [`crate::BARRIER_GROUPS`]),
-/// the first also the grid's.
+/// Barrier state: a word per tile (at most [`crate::BARRIER_GROUPS`]), the first also the
+/// grid's.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormResidentParams {

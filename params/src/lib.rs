@@ -75,8 +75,8 @@ pub use softmax::{SoftmaxAlgorithm, SoftmaxBwdParams, SoftmaxFwdParams};
 pub const MAX_DIMS: usize = 8;
 
 /// Groups of blocks a cooperative launch may synchronise separately
-/// (`device::group_barrier`): the handle's barrier state holds an `[arrived, generation]`
-/// pair of `u32` for each, the first also the whole grid's.
+/// (`device::group_barrier`): the handle's barrier state holds a `u32` for each, the
+/// first also the whole grid's.
 pub const BARRIER_GROUPS: u32 = 1024;
 
 /// Threads per block of every elementwise and reduction kernel.
