@@ -192,6 +192,63 @@ unsafe fn write_stats(
     }
 }
 
+/// The statistics of a row held in registers: its mean relative to `shift` (0 for RMS
+/// norm) and its `rstd`.
+///
+/// Layer norm takes each slot's `K` elements exactly, in two passes over them (their mean
+/// `m_j`, and the squares of their deviations from it), then the row's mean `c` (one group
+/// sum) and its squared deviations `sum_j [M2_j + K (m_j - c)^2]` (another): the usual
+/// decomposition of a sum of squares, with no `E[x^2] - E[x]^2` cancellation, in five
+/// operations an element where the row-wide two passes took eight. RMS norm sums `x^2`.
+#[inline(always)]
+fn held_statistics<T: Element, const K: usize, const V: usize>(
+    g: &Group,
+    p: &LayerNormFwdParams,
+    v: &Held<T, K, V>,
+    shift: f32,
+) -> (f32, f32) {
+    let d = p.row_len;
+    let inv_d = 1.0 / d as f32;
+    if p.rms != 0 {
+        let mut s2 = 0.0f32;
+        crate::unrolled!(j in V => {
+            if g.first::<K, V>(0, j) < d {
+                for vk in v.get(j) {
+                    s2 = fma(vk, vk, s2);
+                }
+            }
+        });
+        return (0.0, rstd_of(g.sum(s2) * inv_d, p.epsilon));
+    }
+    // Sums start at -0.0, which an addition leaves out exactly (0.0 would not: -0 + 0).
+    let mut s = -0.0f32;
+    let mut m2 = 0.0f32;
+    let mut slot_means = [0.0f32; V];
+    crate::unrolled!(j in V => {
+        if g.first::<K, V>(0, j) < d {
+            let t = v.get(j).map(|vk| vk - shift);
+            let sj = t.iter().fold(-0.0f32, |a, &tk| a + tk);
+            let mj = sj * (1.0 / K as f32);
+            if K > 1 {
+                for tk in t {
+                    let dk = tk - mj;
+                    m2 = fma(dk, dk, m2);
+                }
+            }
+            slot_means[j] = mj;
+            s += sj;
+        }
+    });
+    let centre = g.sum(s) * inv_d;
+    crate::unrolled!(j in V => {
+        if g.first::<K, V>(0, j) < d {
+            let dm = slot_means[j] - centre;
+            m2 = fma(dm * K as f32, dm, m2);
+        }
+    });
+    (centre, rstd_of(g.sum(m2) * inv_d, p.epsilon))
+}
+
 /// The forward pass with each row in registers (one chunk).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -207,7 +264,6 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
 ) {
     let g = Group::new(p.warps);
     let d = p.row_len;
-    let inv_d = 1.0 / d as f32;
     g.rows(
         p.rows,
         #[inline(always)]
@@ -221,30 +277,7 @@ unsafe fn fwd_in_registers<T: Element, I: Inner<4>, const K: usize, const V: usi
                     v.load(j, x.add((xb + inner.at(e)[0]) as usize));
                 }
             });
-            // Two passes over the registers: the mean, then squared deviations from it.
-            let centre = if p.rms != 0 {
-                0.0
-            } else {
-                let mut s = 0.0f32;
-                crate::unrolled!(j in V => {
-                    if g.first::<K, V>(0, j) < d {
-                        for vk in v.get(j) {
-                            s += vk - shift;
-                        }
-                    }
-                });
-                g.sum(s) * inv_d
-            };
-            let mut s2 = 0.0f32;
-            crate::unrolled!(j in V => {
-                if g.first::<K, V>(0, j) < d {
-                    for vk in v.get(j) {
-                        let t = (vk - shift) - centre;
-                        s2 += t * t;
-                    }
-                }
-            });
-            let rstd = rstd_of(g.sum(s2) * inv_d, p.epsilon);
+            let (centre, rstd) = held_statistics(&g, p, &v, shift);
             write_stats(&g, p, sb, shift + centre, rstd, mean_out, rstd_out);
             let y = y.add(yb as usize);
             with_epilogue(

@@ -17,6 +17,7 @@ use crate::device::{
     sync_threads, thread_idx_x, warp_id, warp_reduce, Vec16,
 };
 use crate::element::Element;
+use core::cell::Cell;
 use core::marker::PhantomData;
 use oxidnn_params::IndexMap;
 
@@ -35,7 +36,6 @@ pub const fn vector_elements<T>() -> usize {
 ///   256 or fewer anyway.
 ///
 /// The host plans the blocks to match (`RowPlan`, `Budget::groups_share_blocks`).
-#[derive(Clone, Copy)]
 pub struct Group {
     /// This thread's rank in its group.
     pub rank: u32,
@@ -51,6 +51,14 @@ pub struct Group {
     /// Whether groups of several warps share blocks (named barriers). A constant where
     /// the kernel builds its group, so the other barrier's code folds away.
     shares_blocks: bool,
+    /// The shared address of the reductions' scratch: two halves of 32 warp slots of 16
+    /// bytes, declared where the kernel builds its group, so one array serves every
+    /// reduction of the kernel (an array per call site of [`Group::reduce`], 5 KB a
+    /// softmax forward block, made that kernel 4-10% slower on the H200).
+    scratch: u32,
+    /// Reductions this thread has made through shared memory: their parity picks the half
+    /// of the scratch that [`Group::reduce`] uses.
+    reductions: Cell<u32>,
 }
 
 impl Group {
@@ -91,6 +99,8 @@ impl Group {
             index: block_idx_x() * per_block + in_block,
             count: grid_dim_x() * per_block,
             shares_blocks,
+            scratch: crate::shared_f32!(1024).base,
+            reductions: Cell::new(0),
         }
     }
 
@@ -114,7 +124,7 @@ impl Group {
     }
 
     /// Combines `v` over the group; every thread of the group gets the result. Every
-    /// thread of the group must call it (uniform control flow).
+    /// thread of the group makes the same calls in the same order (uniform control flow).
     #[inline(always)]
     pub fn reduce<T: Copy>(
         &self,
@@ -131,31 +141,33 @@ impl Group {
         // then every thread combines its group's slots in warp order.
         let _ = identity;
         const { assert!(size_of::<T>() <= 16, "a warp's slot holds 16 bytes") };
-        let scratch = crate::shared_f32!(512).base;
-        let slot = |w: u32| scratch + w * size_of::<T>() as u32;
+        // Two halves of 32 slots; the group's `k`-th reduction uses half `k % 2`, so one
+        // barrier a reduction is enough: a thread that writes half `h` in reduction `k`
+        // has passed reduction `k - 1`'s barrier, which every thread of the group reached
+        // after its reads of reduction `k - 2`, the last to use half `h`.
+        let k = self.reductions.get();
+        self.reductions.set(k + 1);
+        let half = self.scratch + (k & 1) * 512;
+        let slot = |w: u32| half + w * size_of::<T>() as u32;
         let first = self.in_block * self.warps;
-        let meet = || {
+        // SAFETY: warp `w` of the block writes slot `w < 32` of the half (at most 16 bytes
+        // each: 512 bytes a half); the group's barrier orders those writes before the
+        // group's reads, and the halves' alternation (above) keeps the next writes of a
+        // half behind them. Shared-window loads, not generic ones, so no wait on them also
+        // waits on the thread's global loads in flight.
+        unsafe {
+            if lane_id() == 0 {
+                st_shared_words(slot(warp_id()), total);
+            }
             if self.shares_blocks {
                 bar_sync(1 + self.in_block, self.threads);
             } else {
                 sync_threads();
             }
-        };
-        // SAFETY: warp `w` of the block writes slot `w < 32` (at most 16 bytes each: 512
-        // bytes); the group's barrier orders those writes before the group's reads, the
-        // second one keeps a later call's writes behind them. Shared-window loads, not
-        // generic ones, so no wait on them also waits on the thread's global loads in
-        // flight.
-        unsafe {
-            if lane_id() == 0 {
-                st_shared_words(slot(warp_id()), total);
-            }
-            meet();
             let mut all = ld_shared_words::<T>(slot(first));
             for w in 1..self.warps {
                 all = combine(all, ld_shared_words::<T>(slot(first + w)));
             }
-            meet();
             all
         }
     }
