@@ -78,15 +78,42 @@ fn the_generator_is_philox4x32_10() {
         ),
         [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
     );
-    // Element i of call k draws word i % 4 of the counter (i / 4, k) under the seed.
-    let words = oxidnn_params::philox4x32_10([5, 0, 3, 0], [7, 0]);
-    let threshold = oxidnn_params::dropout_threshold(0.5);
-    for e in 0..4 {
-        assert_eq!(
-            oxidnn_params::dropout_keeps_element(7, 3, threshold, 20 + e),
-            words[e as usize] >= 1 << 31
-        );
+    // Element 8g + e of call k draws the 32-bit word `high << 16 | low`: half e % 2 of word
+    // e / 2 of the counter (g, k) under the seed (high), and of the same counter with bit
+    // 31 of its word 1 set (low).
+    let (g, k, seed) = (5u64, 3u64, 7u64);
+    let high = oxidnn_params::philox4x32_10([g as u32, 0, k as u32, 0], [seed as u32, 0]);
+    let low = oxidnn_params::philox4x32_10([g as u32, 1 << 31, k as u32, 0], [seed as u32, 0]);
+    let half = |w: [u32; 4], e: usize| (w[e / 2] >> (16 * (e % 2))) & 0xffff;
+    for e in 0..8 {
+        let word = half(high, e) << 16 | half(low, e);
+        for threshold in [1 << 31, word as u64, word as u64 + 1] {
+            assert_eq!(
+                oxidnn_params::dropout_keeps_element(seed, k, threshold, 8 * g + e as u64),
+                word as u64 >= threshold,
+                "element {e}, threshold {threshold:#x}"
+            );
+        }
     }
+}
+
+/// Elements among the first `len` of call `call` whose random word's high half equals the
+/// threshold's at `p` (so the low half decides): about `len / 2^16` where the threshold has
+/// a low half.
+fn ties(p: f64, seed: u64, call: u64, len: u64) -> usize {
+    let threshold = oxidnn_params::dropout_threshold(p);
+    let key = oxidnn_params::dropout_key(seed);
+    (0..len.div_ceil(8))
+        .map(|g| {
+            let high = oxidnn_params::dropout_halves(key, call, g, false);
+            (0..8)
+                .filter(|&e| {
+                    8 * g + (e as u64) < len
+                        && oxidnn_params::dropout_half(high, e) as u64 == threshold >> 16
+                })
+                .count()
+        })
+        .sum()
 }
 
 #[test]
@@ -342,6 +369,31 @@ fn gpu_packed_path_on_every_dtype_and_awkward_lengths() {
             }
         }
     });
+}
+
+#[test]
+fn gpu_ties_of_the_high_halves_are_settled_by_the_low_halves() {
+    with_gpu(
+        "gpu_ties_of_the_high_halves_are_settled_by_the_low_halves",
+        |h| {
+            // About 2^20 elements: some 16 ties per call (the high half of the word equal to
+            // the threshold's), which the kernels settle from the low halves; the packed kernel
+            // (each dtype: a group a 16-bit lane, a group shared by two f32 lanes) and the
+            // strided one (NHWC) against the reference bit for bit.
+            let (n, c, hh, w) = (16, 64, 32, 32);
+            let p = 0.1;
+            assert_ne!(oxidnn_params::dropout_threshold(p) & 0xffff, 0);
+            for (i, dt) in DataType::GPU.into_iter().enumerate() {
+                let seed = 40 + i as u64;
+                let len = (n * c * hh * w) as u64;
+                assert!(ties(p, seed, 1, len) > 0, "seed {seed}: no tie to settle");
+                let nchw = TensorDescriptor::nchw(dt, n, c, hh, w).unwrap();
+                let nhwc = TensorDescriptor::nhwc(dt, n, c, hh, w).unwrap();
+                gpu_against_cpu(h, nchw, nchw, p, seed);
+                gpu_against_cpu(h, nhwc, nhwc, p, seed);
+            }
+        },
+    );
 }
 
 #[test]

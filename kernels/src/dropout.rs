@@ -1,15 +1,17 @@
 //! Dropout forward and backward (cudnnDropoutForward/Backward semantics), with the
-//! counter-based generator of `oxidnn_params::dropout` (Philox4x32-10, four random words
-//! per call).
+//! counter-based generator of `oxidnn_params::dropout` (Philox4x32-10; a call gives the
+//! high halves of the random words of a group of 8 elements, which decide all but 1 in
+//! 2^16 of them: a group with a tie draws its low halves too).
 //!
 //! `dropout_fwd_packed_<dtype>`: x and y row-major and dense (element `i` at offset `i`):
-//! each lane moves 16-byte vectors, a warp 512 contiguous bytes per access, and each
-//! Philox call covers 4 consecutive elements. `dropout_fwd_strided_<dtype>`: any strides;
-//! a lane takes 4 logical-consecutive elements (one Philox call) through the index map.
-//! Both write the keep bits (bit `i % 32` of word `i / 32`) gathered across lanes with
-//! shuffles, read the seed and call number from the states buffer, and the last block to
-//! finish advances the call number (so every call draws fresh randoms, and the sequence
-//! is fixed by the seed).
+//! each lane moves 16-byte vectors, a warp 512 contiguous bytes per access. A 16-bit
+//! lane's vector is one group; two f32 lanes share one, drawn by one of them for each pair
+//! of vectors. Whole turns of 4 vectors a warp, then the rest in smaller units over every
+//! warp. `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
+//! logical-consecutive elements through the index map. Both write the keep bits (bit
+//! `i % 32` of word `i / 32`) gathered across lanes with shuffles, read the seed and call
+//! number from the states buffer, and the last block to finish advances the call number
+//! (so every call draws fresh randoms, and the sequence is fixed by the seed).
 //!
 //! `dropout_bwd_{packed,strided}_<dtype>`: `dx = keep ? dy * scale : 0` from the bits.
 //!
@@ -21,8 +23,8 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    dropout_key, dropout_randoms, packed_vector_elements, DropoutBwdParams, DropoutFwdParams,
-    DropoutState, PACKED_VECTORS_PER_THREAD,
+    dropout_half, dropout_halves, dropout_key, packed_vector_elements, DropoutBwdParams,
+    DropoutFwdParams, DropoutState, DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
 };
 
 /// 16-byte vectors per lane per step of the packed kernels (the host sizes the grid by it).
@@ -57,47 +59,165 @@ unsafe fn finish_call(state: *mut DropoutState) {
     }
 }
 
-/// The keep test of `oxidnn_params::dropout_keeps` in 32-bit arithmetic: `r >= threshold`
-/// for a threshold below 2^32, which is one compare where the 64-bit form takes two.
+/// The keep test of `oxidnn_params::dropout_group_keeps` on the high halves of the random
+/// words, which decide it for all but 1 in 2^16 elements.
 #[derive(Clone, Copy)]
 enum Keep {
     /// Threshold 0 (`p = 0`): every element, no randoms drawn.
     All,
     /// Threshold 2^32 (`p = 1`): no element, no randoms drawn.
     None,
-    /// Elements whose random word is at least this.
-    AtLeast(u32),
+    /// Threshold `t = high << 16 | low`, `0 < t < 2^32`. With an element's high half
+    /// shifted to the top (`s = half << 16`): kept where `s > above`; where `s == tie`, its
+    /// low half decides (a tie; `tie` is `high << 16` if `low != 0`, else 1, which no `s`
+    /// equals); dropped otherwise.
+    Halves { above: u32, tie: u32 },
 }
 
-impl Keep {
+/// What a forward call draws with: the generator position and the keep test.
+#[derive(Clone, Copy)]
+struct Draw {
+    key: [u32; 2],
+    call: u64,
+    threshold: u64,
+    keep: Keep,
+}
+
+impl Draw {
     #[inline(always)]
-    fn of(threshold: u64) -> Self {
-        match threshold {
+    fn new(key: [u32; 2], call: u64, threshold: u64) -> Self {
+        let keep = match threshold {
             0 => Keep::All,
             t if t > u32::MAX as u64 => Keep::None,
-            t => Keep::AtLeast(t as u32),
+            t => {
+                let (high, low) = (t >> 16, t & 0xffff);
+                // Kept for sure: a high half of at least `high + 1` where the low half can
+                // decide, of at least `high` where it cannot; `above` is that bound shifted
+                // to the top, minus 1 (2^32 - 1 for a bound of 2^16: none for sure).
+                let sure = high + (low != 0) as u64;
+                Keep::Halves {
+                    above: ((sure << 16) - 1) as u32,
+                    tie: if low != 0 { (high << 16) as u32 } else { 1 },
+                }
+            }
+        };
+        Self {
+            key,
+            call,
+            threshold,
+            keep,
         }
     }
-}
 
-/// Keep bits of the `K` elements from `at` (a multiple of 4): bit `e` for element `at + e`.
-#[inline(always)]
-fn keep_bits<const K: usize>(key: [u32; 2], call: u64, keep: Keep, at: u64) -> u32 {
-    let threshold = match keep {
-        Keep::All => return if K >= 32 { u32::MAX } else { (1u32 << K) - 1 },
-        Keep::None => return 0,
-        Keep::AtLeast(t) => t,
-    };
-    let mut bits = 0u32;
-    crate::unroll!(q in [0, 1] {
-        if 4 * q < K {
-            let r = dropout_randoms(key, call, at / 4 + q as u64);
-            crate::unroll!(e in [0, 1, 2, 3] {
-                bits |= ((r[e] >= threshold) as u32) << (4 * q + e);
+    /// The keep bits of group `g` (bit `e`: element `8 g + e`) from its high halves, and
+    /// the elements among them that tie (`E`: ties as bits; otherwise only bit 0, set if
+    /// any ties), whose low halves decide ([`Draw::exact`]).
+    #[inline(always)]
+    fn high<const E: bool>(&self, g: u64) -> (u32, u32) {
+        let (above, tie) = match self.keep {
+            Keep::All => return (0xff, 0),
+            Keep::None => return (0, 0),
+            Keep::Halves { above, tie } => (above, tie),
+        };
+        let high = dropout_halves(self.key, self.call, g, false);
+        let mut bits = 0u32;
+        let mut ties = 0u32;
+        let mut any = false;
+        crate::unroll!(j in [0, 1, 2, 3] {
+            // Element 2j's half shifted to the top; element 2j + 1's in place, bits below cleared.
+            let s = [high[j] << 16, high[j] & 0xffff_0000];
+            crate::unroll!(h in [0, 1] {
+                bits |= ((s[h] > above) as u32) << (2 * j + h);
+                if E {
+                    ties |= ((s[h] == tie) as u32) << (2 * j + h);
+                } else {
+                    any |= s[h] == tie;
+                }
             });
+        });
+        (bits, if E { ties } else { any as u32 })
+    }
+
+    /// The keep bits of group `g` where one of its elements ties (1 in 2^13 groups), the
+    /// high halves drawn again and then the low ones (one draw live at a time). The same
+    /// bits as `oxidnn_params::dropout_group_keeps`: a tied element's word `tie | low half`
+    /// is at least the threshold `tie | t_low` where its low half is at least `t_low`.
+    #[inline(always)]
+    fn exact(&self, g: u64) -> u32 {
+        let (mut bits, ties) = self.high::<true>(g);
+        let low = dropout_halves(self.key, self.call, g, true);
+        let t_low = self.threshold as u32 & 0xffff;
+        crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+            let kept = dropout_half(low, e) >= t_low;
+            bits |= (((ties >> e) & 1) & kept as u32) << e;
+        });
+        bits
+    }
+
+    /// The keep bits of group `g`.
+    #[inline(always)]
+    fn group(&self, g: u64) -> u32 {
+        match self.high::<false>(g) {
+            (bits, 0) => bits,
+            _ => self.exact(g),
         }
-    });
-    bits
+    }
+
+    /// The keep bits of a lane's `N` vectors of `K` elements (vector `v` from element
+    /// `at(v)`, a multiple of `K`; bit `e` for element `at(v) + e`). The whole warp must call
+    /// it; each group is drawn by one lane.
+    ///
+    /// `K = 8`: a lane's vector is one group. `K = 4`: lanes `2m` and `2m + 1` hold the two
+    /// halves of a group in every vector; of each pair of vectors the even lane draws the
+    /// first's group and the odd lane the second's, and one exchange gives each lane the
+    /// other's. Groups with a tie are settled one at a time after all are drawn, so the
+    /// kernel holds one copy of the exact draw, whatever `N`.
+    #[inline(always)]
+    fn lane_vectors<const K: usize, const N: usize>(&self, at: impl Fn(usize) -> u64) -> [u32; N] {
+        const { assert!(K == 4 || K == DROPOUT_GROUP as usize) };
+        const { assert!(N <= 4) };
+        let odd = lane_id() as usize & 1;
+        let drawn = if K == 4 { N.div_ceil(2) } else { N };
+        let group = |j: usize| {
+            let v = if K == 4 { 2 * j + odd } else { j };
+            at(v) / DROPOUT_GROUP
+        };
+        let mut own = [0u32; N];
+        let mut ties = 0u32;
+        crate::unroll!(j in [0, 1, 2, 3] {
+            if j < drawn {
+                let (bits, tie) = self.high::<false>(group(j));
+                own[j] = bits;
+                ties |= tie << j;
+            }
+        });
+        while ties != 0 {
+            let j = ties.trailing_zeros() as usize;
+            let bits = self.exact(group(j));
+            crate::unroll!(u in [0, 1, 2, 3] {
+                if u < drawn && u == j {
+                    own[u] = bits;
+                }
+            });
+            ties &= ties - 1;
+        }
+        if K != 4 {
+            return own;
+        }
+        let mut bits = [0u32; N];
+        let nibble = 4 * odd as u32;
+        crate::unroll!(j in [0, 1] {
+            if 2 * j < N {
+                let other = shfl_xor_u32(own[j], 1);
+                let (first, second) = if odd == 0 { (own[j], other) } else { (other, own[j]) };
+                bits[2 * j] = (first >> nibble) & 0xf;
+                if 2 * j + 1 < N {
+                    bits[2 * j + 1] = (second >> nibble) & 0xf;
+                }
+            }
+        });
+        bits
+    }
 }
 
 /// ORs each lane's `K` keep bits into whole 32-bit words (lanes `l` with the same
@@ -133,43 +253,80 @@ unsafe fn fwd_packed<T: Element>(
     y: *mut T,
     mask: *mut u32,
 ) {
+    let (key, call) = read_state(state);
+    let draw = Draw::new(key, call, p.threshold);
     match packed_vector_elements(size_of::<T>()) {
-        4 => fwd_packed_k::<T, 4>(p, state, x, y, mask),
-        _ => fwd_packed_k::<T, 8>(p, state, x, y, mask),
+        4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask),
+        _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask),
     }
+    finish_call(state);
 }
 
+/// The packed forward: whole turns of a chunk of `V` vectors a warp, then the rest (under
+/// a chunk a warp) spread over every warp in units of 1, 2 or `V` vectors, the fewest that
+/// cover it, so that no warp takes a last whole chunk while most of the grid has finished.
 #[inline(always)]
 unsafe fn fwd_packed_k<T: Element, const K: usize>(
     p: &DropoutFwdParams,
-    state: *mut DropoutState,
+    draw: Draw,
     x: *const T,
     y: *mut T,
     mask: *mut u32,
 ) {
-    let (key, call) = read_state(state);
-    let keep = Keep::of(p.threshold);
-    let chunk = (V * 32 * K) as u64;
-    let chunks = p.len.div_ceil(chunk);
-    let words = p.len.div_ceil(32);
+    let vector = (32 * K) as u64;
+    let chunk = V as u64 * vector;
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
+    let warp = global_thread_x() / 32;
+    let whole = p.len / chunk / warps * warps;
+    let mut c = warp;
+    while c < whole {
+        fwd_unit::<T, K, V>(p, draw, x, y, mask, c * chunk);
+        c += warps;
+    }
+    // At most (warps - 1) chunks and a partial one are left, so `n <= V`.
+    let start = whole * chunk;
+    let n = (p.len - start).div_ceil(vector).div_ceil(warps);
+    let n = if n > 2 { V as u64 } else { n };
+    let base = start + warp * n * vector;
+    if base < p.len {
+        match n {
+            1 => fwd_unit::<T, K, 1>(p, draw, x, y, mask, base),
+            2 => fwd_unit::<T, K, 2>(p, draw, x, y, mask, base),
+            _ => fwd_unit::<T, K, V>(p, draw, x, y, mask, base),
+        }
+    }
+}
+
+/// A warp's `N` vectors from element `base` (a multiple of `32 K`): lane `l`'s vector `v`
+/// holds the `K` elements from `base + (32 v + l) K`. Past the tensor's end (the grid's
+/// last unit only), element by element.
+#[inline(always)]
+unsafe fn fwd_unit<T: Element, const K: usize, const N: usize>(
+    p: &DropoutFwdParams,
+    draw: Draw,
+    x: *const T,
+    y: *mut T,
+    mask: *mut u32,
+    base: u64,
+) {
     let lane = lane_id() as u64;
-    let mut w = global_thread_x() / 32;
-    while w < chunks {
-        let base = w * chunk;
-        let at = |v: usize| base + (v as u64 * 32 + lane) * K as u64;
-        if base + chunk <= p.len {
-            // The chunk's loads first; its randoms are drawn while they are in flight (no
-            // registers held across iterations, so more warps fit an SM).
-            let mut raw = [[0u32; 4]; V];
-            crate::unroll!(v in [0, 1, 2, 3] {
+    let at = |v: usize| base + (v as u64 * 32 + lane) * K as u64;
+    let words = p.len.div_ceil(32);
+    let inside = base + (N * 32 * K) as u64 <= p.len;
+    // The unit's loads first; its randoms are drawn while they are in flight (no
+    // registers held across units, so more warps fit an SM).
+    let mut raw = [[0u32; 4]; N];
+    if inside {
+        crate::unroll!(v in [0, 1, 2, 3] {
+            if v < N {
                 raw[v] = T::load_raw::<K>(x.add(at(v) as usize), true);
-            });
-            let mut bits = [0u32; V];
-            crate::unroll!(v in [0, 1, 2, 3] {
-                bits[v] = keep_bits::<K>(key, call, keep, at(v));
-            });
-            crate::unroll!(v in [0, 1, 2, 3] {
+            }
+        });
+    }
+    let mut bits = draw.lane_vectors::<K, N>(at);
+    crate::unroll!(v in [0, 1, 2, 3] {
+        if v < N {
+            if inside {
                 let xs = T::unpack::<K>(raw[v]);
                 let mut out = [0.0f32; K];
                 crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
@@ -178,30 +335,22 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
                     }
                 });
                 T::store_vec::<K>(y.add(at(v) as usize), out);
-                publish_bits::<K>(bits[v], (base + (v * 32 * K) as u64) / 32, words, mask);
-            });
-        } else {
-            // The grid's last, partial chunk: element by element, same bits.
-            crate::unroll!(v in [0, 1, 2, 3] {
-                let start = at(v);
-                let mut bits = keep_bits::<K>(key, call, keep, start);
+            } else {
                 crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if e < K {
-                        let i = start + e as u64;
+                        let i = at(v) + e as u64;
                         if i < p.len {
-                            let kept = (bits >> e) & 1 != 0;
+                            let kept = (bits[v] >> e) & 1 != 0;
                             T::store(y.add(i as usize), apply(kept, T::load(x.add(i as usize)), p.scale));
                         } else {
-                            bits &= !(1 << e);
+                            bits[v] &= !(1 << e);
                         }
                     }
                 });
-                publish_bits::<K>(bits, (base + (v * 32 * K) as u64) / 32, words, mask);
-            });
+            }
+            publish_bits::<K>(bits[v], (base + (v * 32 * K) as u64) / 32, words, mask);
         }
-        w += warps;
-    }
-    finish_call(state);
+    });
 }
 
 #[inline(always)]
@@ -213,23 +362,36 @@ unsafe fn fwd_strided<T: Element>(
     mask: *mut u32,
 ) {
     let (key, call) = read_state(state);
-    let keep = Keep::of(p.threshold);
-    let groups = p.len.div_ceil(4);
+    fwd_strided_groups::<T>(p, Draw::new(key, call, p.threshold), x, y, mask);
+    finish_call(state);
+}
+
+/// A lane takes a group of 8 logical-consecutive elements (one draw) through the index map;
+/// the whole warp runs each step (the bits are gathered with shuffles), lanes past the end
+/// contribute no bits.
+#[inline(always)]
+unsafe fn fwd_strided_groups<T: Element>(
+    p: &DropoutFwdParams,
+    draw: Draw,
+    x: *const T,
+    y: *mut T,
+    mask: *mut u32,
+) {
+    const G: usize = DROPOUT_GROUP as usize;
+    let groups = p.len.div_ceil(DROPOUT_GROUP);
     let words = p.len.div_ceil(32);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
     let lane = lane_id() as u64;
     let mut w = global_thread_x() / 32;
-    // A warp takes 32 groups of 4 elements; the whole warp runs each step (the bits are
-    // gathered with shuffles), lanes past the end contribute no bits.
     while w * 32 < groups {
         let g = w * 32 + lane;
         let mut bits = 0u32;
         if g < groups {
-            bits = keep_bits::<4>(key, call, keep, 4 * g);
-            let mut offs = [[0u64; 2]; 4];
-            let mut xs = [0.0f32; 4];
-            crate::unroll!(e in [0, 1, 2, 3] {
-                let i = 4 * g + e as u64;
+            bits = draw.group(g);
+            let mut offs = [[0u64; 2]; G];
+            let mut xs = [0.0f32; G];
+            crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                let i = G as u64 * g + e as u64;
                 if i < p.len {
                     offs[e] = p.map.offsets(i as u32);
                     xs[e] = T::load(x.add(offs[e][0] as usize));
@@ -237,16 +399,15 @@ unsafe fn fwd_strided<T: Element>(
                     bits &= !(1 << e);
                 }
             });
-            crate::unroll!(e in [0, 1, 2, 3] {
-                if 4 * g + (e as u64) < p.len {
+            crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if G as u64 * g + (e as u64) < p.len {
                     T::store(y.add(offs[e][1] as usize), apply((bits >> e) & 1 != 0, xs[e], p.scale));
                 }
             });
         }
-        publish_bits::<4>(bits, w * 4, words, mask);
+        publish_bits::<G>(bits, w * G as u64, words, mask);
         w += warps;
     }
-    finish_call(state);
 }
 
 #[inline(always)]

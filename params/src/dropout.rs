@@ -3,11 +3,17 @@
 //! reference).
 //!
 //! Element `i` (its logical, row-major index over the tensor's dims, whatever its strides)
-//! of the `k`-th forward call on a states buffer seeded with `seed` draws the 32-bit word
-//! `i % 4` of `philox4x32_10(counter, key)` with
-//! `counter = [g as u32, (g >> 32) as u32, k as u32, (k >> 32) as u32]`, `g = i / 4`, and
-//! `key = [seed as u32, (seed >> 32) as u32]`; it is kept when that word is at least
-//! `dropout_threshold(p)`. Nothing else (layout, grid, block size) enters.
+//! of the `k`-th forward call on a states buffer seeded with `seed` draws a 32-bit random
+//! word and is kept when that word is at least `dropout_threshold(p)`. The elements come in
+//! groups of [`DROPOUT_GROUP`] = 8 (`g = i / 8`, `e = i % 8`), and a group takes two
+//! `philox4x32_10` calls under `key = [seed as u32, (seed >> 32) as u32]`: the high halves
+//! with `counter = [g as u32, (g >> 32) as u32, k as u32, (k >> 32) as u32]` and the low
+//! halves with bit 31 of counter word 1 set. Element `e` takes half `e % 2` (0: bits 0-15,
+//! 1: bits 16-31) of word `e / 2` of each, so its word is `high << 16 | low`: uniform over
+//! 32 bits, as one word a call per element would be, at half the generator's work where
+//! the high halves decide (the kernels draw the low halves only for a group whose high
+//! half equals the threshold's, 1 in 2^16 elements). Nothing else (layout, grid, block
+//! size) enters.
 
 use crate::philox::philox4x32_10;
 use crate::IndexMap;
@@ -59,13 +65,34 @@ pub fn dropout_key(seed: u64) -> [u32; 2] {
     [seed as u32, (seed >> 32) as u32]
 }
 
-/// The four random words of elements `4 g .. 4 g + 4` in forward call `call`.
+/// Logical elements per generator group: each of a call's four words gives two of them
+/// the high (or low) 16 bits of their random words.
+pub const DROPOUT_GROUP: u64 = 8;
+
+/// Set in counter word 1 for a group's low halves (`g < 2^61`, so the bit is free).
+const LOW_HALVES: u32 = 1 << 31;
+
+/// The high (`low == false`) or low halves of the random words of group `g` (elements
+/// `8 g .. 8 g + 8`) in forward call `call`: element `8 g + e` takes half `e % 2` of word
+/// `e / 2` (see [`dropout_half`]).
 #[inline(always)]
-pub fn dropout_randoms(key: [u32; 2], call: u64, g: u64) -> [u32; 4] {
+pub fn dropout_halves(key: [u32; 2], call: u64, g: u64, low: bool) -> [u32; 4] {
+    let flag = if low { LOW_HALVES } else { 0 };
     philox4x32_10(
-        [g as u32, (g >> 32) as u32, call as u32, (call >> 32) as u32],
+        [
+            g as u32,
+            (g >> 32) as u32 | flag,
+            call as u32,
+            (call >> 32) as u32,
+        ],
         key,
     )
+}
+
+/// Half `e % 2` of word `e / 2` of `words`: group element `e`'s 16 bits.
+#[inline(always)]
+pub fn dropout_half(words: [u32; 4], e: usize) -> u32 {
+    (words[e / 2] >> (16 * (e % 2))) & 0xffff
 }
 
 /// Whether an element with random word `r` is kept.
@@ -74,10 +101,28 @@ pub fn dropout_keeps(r: u32, threshold: u64) -> bool {
     r as u64 >= threshold
 }
 
+/// The keep bits of group `g` in forward call `call` (bit `e`: element `8 g + e`), from
+/// both halves of its random words.
+#[inline(always)]
+pub fn dropout_group_keeps(key: [u32; 2], call: u64, threshold: u64, g: u64) -> u32 {
+    let (high, low) = (
+        dropout_halves(key, call, g, false),
+        dropout_halves(key, call, g, true),
+    );
+    let mut bits = 0;
+    let mut e = 0;
+    while e < DROPOUT_GROUP as usize {
+        let r = dropout_half(high, e) << 16 | dropout_half(low, e);
+        bits |= (dropout_keeps(r, threshold) as u32) << e;
+        e += 1;
+    }
+    bits
+}
+
 /// Whether element `i` is kept in forward call `call` of a generator seeded with `seed`.
 pub fn dropout_keeps_element(seed: u64, call: u64, threshold: u64, i: u64) -> bool {
-    let r = dropout_randoms(dropout_key(seed), call, i / 4)[(i % 4) as usize];
-    dropout_keeps(r, threshold)
+    let g = i / DROPOUT_GROUP;
+    (dropout_group_keeps(dropout_key(seed), call, threshold, g) >> (i % DROPOUT_GROUP)) & 1 != 0
 }
 
 /// Parameters of `dropout_fwd_*`: `y = keep(i) ? x * scale : 0` for the `len` logical
@@ -119,6 +164,25 @@ mod tests {
         assert_eq!(dropout_threshold(0.5), 1 << 31);
         assert!(!dropout_keeps(u32::MAX, dropout_threshold(1.0)));
         assert!(dropout_keeps(0, dropout_threshold(0.0)));
+    }
+
+    #[test]
+    fn an_elements_word_joins_its_high_and_low_halves() {
+        let key = dropout_key(0x1234_5678_9abc_def0);
+        for g in [0, 1, 1 << 40] {
+            for call in [0, 7] {
+                let high = dropout_halves(key, call, g, false);
+                let low = dropout_halves(key, call, g, true);
+                assert_ne!(high, low, "two counters, two draws");
+                for e in 0..8 {
+                    let word = dropout_half(high, e) << 16 | dropout_half(low, e);
+                    for t in [0, word as u64, word as u64 + 1, 1 << 32] {
+                        let kept = (dropout_group_keeps(key, call, t, g) >> e) & 1 != 0;
+                        assert_eq!(kept, word as u64 >= t, "g {g} call {call} e {e} t {t:#x}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -25,11 +25,16 @@
 //!
 //! Element `i`, counted in row-major order over the tensor's dims (its *logical* index:
 //! strides, layout and the GPU's grid do not enter), of the `k`-th forward call since the
-//! states buffer was seeded with `seed` is dropped when word `i % 4` of
-//! Philox4x32-10(counter `[i / 4 (low, high 32 bits), k (low, high)]`, key `[seed (low,
-//! high)]`) is below `floor(p * 2^32)`. So the keep probability is `1 - floor(p 2^32) /
-//! 2^32`, one Philox call yields the randoms of 4 elements, and the same seed replays the
-//! same sequence of masks on any device, the CPU handle included.
+//! states buffer was seeded with `seed` is dropped when its random word is below
+//! `floor(p * 2^32)`. The word of element `i = 8 g + e` is `high << 16 | low`, where
+//! `high` is half `e % 2` (bits `16 (e % 2)..`) of word `e / 2` of
+//! Philox4x32-10(counter `[g (low, high 32 bits), k (low, high)]`, key `[seed (low,
+//! high)]`) and `low` the same half of the call whose counter has bit 31 of its second word
+//! set. So the words are uniform over 32 bits and the keep probability is
+//! `1 - floor(p 2^32) / 2^32`, one Philox call yields the high halves of 8 elements, which
+//! decide all but 1 in 2^16 of them (the kernels draw the low halves only for a group
+//! where one ties with the threshold's high half), and the same seed replays the same
+//! sequence of masks on any device, the CPU handle included.
 //!
 //! # The states buffer
 //!

@@ -2,7 +2,7 @@
 //! kernels (`oxidnn_params::dropout`), indexed by logical element.
 
 use crate::host_tensor::{for_each_index, HostTensor};
-use oxidnn_params::{dropout_keeps_element, dropout_threshold};
+use oxidnn_params::{dropout_group_keeps, dropout_key, dropout_threshold, DROPOUT_GROUP};
 
 /// The factor kept elements are multiplied by: `1 / (1 - p)`, or 0 when `p = 1` (nothing
 /// is kept).
@@ -17,12 +17,14 @@ pub fn scale(p: f64) -> f64 {
 /// The keep mask of forward call `call` of a generator seeded with `seed`, over `len`
 /// elements: bit `i % 32` of word `i / 32` is 1 when element `i` is kept.
 pub fn keep_mask(p: f64, seed: u64, call: u64, len: usize) -> Vec<u32> {
-    let threshold = dropout_threshold(p);
+    let (threshold, key) = (dropout_threshold(p), dropout_key(seed));
+    let group = DROPOUT_GROUP as usize;
     let mut words = vec![0u32; len.div_ceil(32)];
-    for i in 0..len {
-        if dropout_keeps_element(seed, call, threshold, i as u64) {
-            words[i / 32] |= 1 << (i % 32);
-        }
+    for g in 0..len.div_ceil(group) {
+        let bits = dropout_group_keeps(key, call, threshold, g as u64);
+        let valid = (len - g * group).min(group);
+        let bits = bits & ((1u32 << valid) - 1);
+        words[g * group / 32] |= bits << (g * group % 32);
     }
     words
 }
