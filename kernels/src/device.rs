@@ -871,6 +871,20 @@ pub fn log2_approx(x: f32) -> f32 {
     out
 }
 
+/// `log2(x)` for a normal `x`, approximate as [`log2_approx`]; a subnormal `x` flushes to
+/// 0 (giving -inf). One `MUFU.LG2`, where [`log2_approx`] also tests for and rescales a
+/// subnormal input (three more instructions).
+#[inline(always)]
+pub fn log2_approx_ftz(x: f32) -> f32 {
+    let out: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {o}, {x};", o = out(reg32) out, x = in(reg32) x,
+             options(pure, nomem, nostack));
+    }
+    out
+}
+
 /// `1 / x`, approximate (max error 1 ulp; subnormals flush to 0).
 #[inline(always)]
 pub fn rcp_approx(x: f32) -> f32 {

@@ -26,10 +26,12 @@ use oxidnn_params::{lrn_slot, packed_vector_elements, LrnParams};
 /// Channels whose loads a walk kernel issues together.
 const U: usize = 8;
 
-/// `s^-beta` for `s > 0` (relative error about 2^-21).
+/// `s^-beta` for `s > 0` (relative error about 2^-21). `s` is normal: `s >= k >= 1e-5`
+/// unless a negative alpha cancels `k`, and only a cancellation to below 2^-126 meets
+/// the flush (the result is then inf where it would be at least 2^(126 beta)).
 #[inline(always)]
 fn pow_neg(s: f32, beta: f32) -> f32 {
-    device::exp2_approx(-beta * device::log2_approx(s))
+    device::exp2_approx(-beta * device::log2_approx_ftz(s))
 }
 
 /// `k + alpha / n * sum`.
