@@ -105,7 +105,7 @@ fn ties(p: f64, seed: u64, call: u64, len: u64) -> usize {
     let key = oxidnn_params::dropout_key(seed);
     (0..len.div_ceil(8))
         .map(|g| {
-            let high = oxidnn_params::dropout_halves(key, call, g, false);
+            let high = oxidnn_params::dropout_halves(&key, call, g, false, oxidnn_params::mul_wide);
             (0..8)
                 .filter(|&e| {
                     8 * g + (e as u64) < len
@@ -209,6 +209,33 @@ fn restore_replays_from_a_copy(h: &Handle) {
 #[test]
 fn restore_continues_a_saved_generator() {
     restore_replays_from_a_copy(&Handle::cpu());
+}
+
+/// The seed comes from the descriptor and the call number from the states buffer, so the
+/// two must belong together: the CPU handle rejects a buffer seeded with another seed (the
+/// GPU handle does not read the buffer back) and leaves y, the mask and the buffer as they
+/// were.
+#[test]
+fn a_states_buffer_of_another_seed_is_rejected() {
+    let h = Handle::cpu();
+    let xd = TensorDescriptor::packed(DataType::F32, &[5, 7]).unwrap();
+    let x = h.upload_tensor(&nonzero(xd, 6)).unwrap();
+    let (d, _) = seeded(&h, 0.5, 7);
+    let (_, mut other) = seeded(&h, 0.5, 8);
+    let poison = HostTensor::filled(xd, 3.0);
+    let mut y = h.upload_tensor(&poison).unwrap();
+    let mut reserve = h.alloc_bytes(dropout_reserve_space_size(&xd)).unwrap();
+    let e = dropout_forward(&h, &d, &mut other, &xd, &x, &xd, &mut y, &mut reserve).unwrap_err();
+    assert!(matches!(e, Error::BadParam { arg: "states", .. }), "{e}");
+    assert!(e.to_string().contains("seed 8"), "{e}");
+    assert_eq!(
+        h.download_tensor(&xd, &y).unwrap().logical(),
+        poison.logical()
+    );
+    assert_eq!(
+        dropout_generator_state(&h, &other).unwrap(),
+        DropoutGeneratorState { seed: 8, calls: 0 }
+    );
 }
 
 /// `(y, mask)` of one call on a fresh generator for x laid out as `xd` (values by logical

@@ -885,6 +885,20 @@ pub fn log2_approx_ftz(x: f32) -> f32 {
     out
 }
 
+/// The 64-bit product `a * b` as `(hi, lo)`: one `mul.wide.u32` (`IMAD.WIDE.U32`), for
+/// `oxidnn_params::philox4x32_10_keyed` (see `oxidnn_params::mul_wide`, the host's).
+#[inline(always)]
+pub fn mul_wide_u32(a: u32, b: u32) -> (u32, u32) {
+    let (hi, lo): (u32, u32);
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("{{ .reg .b64 t; mul.wide.u32 t, {a}, {b}; mov.b64 {{{l}, {h}}}, t; }}",
+             a = in(reg32) a, b = in(reg32) b, l = out(reg32) lo, h = out(reg32) hi,
+             options(pure, nomem, nostack));
+    }
+    (hi, lo)
+}
+
 /// `1 / x`, approximate (max error 1 ulp; subnormals flush to 0).
 #[inline(always)]
 pub fn rcp_approx(x: f32) -> f32 {

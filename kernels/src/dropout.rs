@@ -9,9 +9,11 @@
 //! of vectors. Whole turns of 4 vectors a warp, then the rest in smaller units over every
 //! warp. `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
 //! logical-consecutive elements through the index map. Both write the keep bits (bit
-//! `i % 32` of word `i / 32`) gathered across lanes with shuffles, read the seed and call
-//! number from the states buffer, and the last block to finish advances the call number
-//! (so every call draws fresh randoms, and the sequence is fixed by the seed).
+//! `i % 32` of word `i / 32`) gathered across lanes with shuffles, read the call number
+//! from the states buffer, and the last block to finish advances it (so every call draws
+//! fresh randoms, and the sequence is fixed by the seed). The seed comes as the Philox
+//! round keys in the parameters, which the rounds read as constants (no registers: the
+//! packed kernel fits four blocks an SM).
 //!
 //! `dropout_bwd_{packed,strided}_<dtype>`: `dx = keep ? dy * scale : 0` from the bits.
 //!
@@ -23,21 +25,19 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    dropout_half, dropout_halves, dropout_key, packed_vector_elements, DropoutBwdParams,
-    DropoutFwdParams, DropoutState, DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
+    dropout_half, dropout_halves, packed_vector_elements, DropoutBwdParams, DropoutFwdParams,
+    DropoutState, PhiloxKeys, DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
 };
 
 /// 16-byte vectors per lane per step of the packed kernels (the host sizes the grid by it).
 const V: usize = PACKED_VECTORS_PER_THREAD;
 const _: () = assert!(V == 4, "the unrolled loops below list 4 vectors");
 
-/// The generator position of this call: `(key, call)`.
+/// This call's number (the seed comes in the parameters' round keys).
 #[inline(always)]
-unsafe fn read_state(state: *const DropoutState) -> ([u32; 2], u64) {
-    // Coherent (volatile) loads: the previous call's last block wrote `calls`.
-    let seed = core::ptr::read_volatile(&(*state).seed);
-    let calls = core::ptr::read_volatile(&(*state).calls);
-    (dropout_key(seed), calls)
+unsafe fn read_call(state: *const DropoutState) -> u64 {
+    // A coherent (volatile) load: the previous call's last block wrote `calls`.
+    core::ptr::read_volatile(&(*state).calls)
 }
 
 /// Called by every thread at the end of a forward kernel: the last block to get here
@@ -74,18 +74,19 @@ enum Keep {
     Halves { above: u32, tie: u32 },
 }
 
-/// What a forward call draws with: the generator position and the keep test.
+/// What a forward call draws with: the generator position and the keep test. The round
+/// keys stay in the kernel's parameters (its rounds read them as constants).
 #[derive(Clone, Copy)]
-struct Draw {
-    key: [u32; 2],
+struct Draw<'a> {
+    keys: &'a PhiloxKeys,
     call: u64,
     threshold: u64,
     keep: Keep,
 }
 
-impl Draw {
+impl<'a> Draw<'a> {
     #[inline(always)]
-    fn new(key: [u32; 2], call: u64, threshold: u64) -> Self {
+    fn new(keys: &'a PhiloxKeys, call: u64, threshold: u64) -> Self {
         let keep = match threshold {
             0 => Keep::All,
             t if t > u32::MAX as u64 => Keep::None,
@@ -102,7 +103,7 @@ impl Draw {
             }
         };
         Self {
-            key,
+            keys,
             call,
             threshold,
             keep,
@@ -119,7 +120,7 @@ impl Draw {
             Keep::None => return (0, 0),
             Keep::Halves { above, tie } => (above, tie),
         };
-        let high = dropout_halves(self.key, self.call, g, false);
+        let high = dropout_halves(self.keys, self.call, g, false, device::mul_wide_u32);
         let mut bits = 0u32;
         let mut ties = 0u32;
         let mut any = false;
@@ -145,7 +146,7 @@ impl Draw {
     #[inline(always)]
     fn exact(&self, g: u64) -> u32 {
         let (mut bits, ties) = self.high::<true>(g);
-        let low = dropout_halves(self.key, self.call, g, true);
+        let low = dropout_halves(self.keys, self.call, g, true, device::mul_wide_u32);
         let t_low = self.threshold as u32 & 0xffff;
         crate::unroll!(e in [0, 1, 2, 3, 4, 5, 6, 7] {
             let kept = dropout_half(low, e) >= t_low;
@@ -253,8 +254,7 @@ unsafe fn fwd_packed<T: Element>(
     y: *mut T,
     mask: *mut u32,
 ) {
-    let (key, call) = read_state(state);
-    let draw = Draw::new(key, call, p.threshold);
+    let draw = Draw::new(&p.keys, read_call(state), p.threshold);
     match packed_vector_elements(size_of::<T>()) {
         4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask),
         _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask),
@@ -268,7 +268,7 @@ unsafe fn fwd_packed<T: Element>(
 #[inline(always)]
 unsafe fn fwd_packed_k<T: Element, const K: usize>(
     p: &DropoutFwdParams,
-    draw: Draw,
+    draw: Draw<'_>,
     x: *const T,
     y: *mut T,
     mask: *mut u32,
@@ -303,7 +303,7 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
 #[inline(always)]
 unsafe fn fwd_unit<T: Element, const K: usize, const N: usize>(
     p: &DropoutFwdParams,
-    draw: Draw,
+    draw: Draw<'_>,
     x: *const T,
     y: *mut T,
     mask: *mut u32,
@@ -361,8 +361,8 @@ unsafe fn fwd_strided<T: Element>(
     y: *mut T,
     mask: *mut u32,
 ) {
-    let (key, call) = read_state(state);
-    fwd_strided_groups::<T>(p, Draw::new(key, call, p.threshold), x, y, mask);
+    let draw = Draw::new(&p.keys, read_call(state), p.threshold);
+    fwd_strided_groups::<T>(p, draw, x, y, mask);
     finish_call(state);
 }
 
@@ -372,7 +372,7 @@ unsafe fn fwd_strided<T: Element>(
 #[inline(always)]
 unsafe fn fwd_strided_groups<T: Element>(
     p: &DropoutFwdParams,
-    draw: Draw,
+    draw: Draw<'_>,
     x: *const T,
     y: *mut T,
     mask: *mut u32,

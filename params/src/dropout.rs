@@ -6,7 +6,7 @@
 //! of the `k`-th forward call on a states buffer seeded with `seed` draws a 32-bit random
 //! word and is kept when that word is at least `dropout_threshold(p)`. The elements come in
 //! groups of [`DROPOUT_GROUP`] = 8 (`g = i / 8`, `e = i % 8`), and a group takes two
-//! `philox4x32_10` calls under `key = [seed as u32, (seed >> 32) as u32]`: the high halves
+//! Philox4x32-10 calls under `key = [seed as u32, (seed >> 32) as u32]`: the high halves
 //! with `counter = [g as u32, (g >> 32) as u32, k as u32, (k >> 32) as u32]` and the low
 //! halves with bit 31 of counter word 1 set. Element `e` takes half `e % 2` (0: bits 0-15,
 //! 1: bits 16-31) of word `e / 2` of each, so its word is `high << 16 | low`: uniform over
@@ -15,7 +15,7 @@
 //! half equals the threshold's, 1 in 2^16 elements). Nothing else (layout, grid, block
 //! size) enters.
 
-use crate::philox::philox4x32_10;
+use crate::philox::{mul_wide, philox4x32_10_keyed, PhiloxKeys};
 use crate::IndexMap;
 
 /// The generator state at the start of a dropout states buffer.
@@ -59,10 +59,9 @@ pub fn dropout_threshold(p: f64) -> u64 {
     }
 }
 
-/// The key of `seed`.
-#[inline(always)]
-pub fn dropout_key(seed: u64) -> [u32; 2] {
-    [seed as u32, (seed >> 32) as u32]
+/// The generator's round keys for `seed` (its key: `[seed as u32, (seed >> 32) as u32]`).
+pub const fn dropout_key(seed: u64) -> PhiloxKeys {
+    PhiloxKeys::new([seed as u32, (seed >> 32) as u32])
 }
 
 /// Logical elements per generator group: each of a call's four words gives two of them
@@ -74,18 +73,26 @@ const LOW_HALVES: u32 = 1 << 31;
 
 /// The high (`low == false`) or low halves of the random words of group `g` (elements
 /// `8 g .. 8 g + 8`) in forward call `call`: element `8 g + e` takes half `e % 2` of word
-/// `e / 2` (see [`dropout_half`]).
+/// `e / 2` (see [`dropout_half`]). `mul_wide` as [`philox4x32_10_keyed`] takes it
+/// ([`mul_wide`] on the host).
 #[inline(always)]
-pub fn dropout_halves(key: [u32; 2], call: u64, g: u64, low: bool) -> [u32; 4] {
+pub fn dropout_halves(
+    keys: &PhiloxKeys,
+    call: u64,
+    g: u64,
+    low: bool,
+    mul_wide: impl Fn(u32, u32) -> (u32, u32) + Copy,
+) -> [u32; 4] {
     let flag = if low { LOW_HALVES } else { 0 };
-    philox4x32_10(
+    philox4x32_10_keyed(
         [
             g as u32,
             (g >> 32) as u32 | flag,
             call as u32,
             (call >> 32) as u32,
         ],
-        key,
+        keys,
+        mul_wide,
     )
 }
 
@@ -104,10 +111,10 @@ pub fn dropout_keeps(r: u32, threshold: u64) -> bool {
 /// The keep bits of group `g` in forward call `call` (bit `e`: element `8 g + e`), from
 /// both halves of its random words.
 #[inline(always)]
-pub fn dropout_group_keeps(key: [u32; 2], call: u64, threshold: u64, g: u64) -> u32 {
+pub fn dropout_group_keeps(keys: &PhiloxKeys, call: u64, threshold: u64, g: u64) -> u32 {
     let (high, low) = (
-        dropout_halves(key, call, g, false),
-        dropout_halves(key, call, g, true),
+        dropout_halves(keys, call, g, false, mul_wide),
+        dropout_halves(keys, call, g, true, mul_wide),
     );
     let mut bits = 0;
     let mut e = 0;
@@ -122,7 +129,7 @@ pub fn dropout_group_keeps(key: [u32; 2], call: u64, threshold: u64, g: u64) -> 
 /// Whether element `i` is kept in forward call `call` of a generator seeded with `seed`.
 pub fn dropout_keeps_element(seed: u64, call: u64, threshold: u64, i: u64) -> bool {
     let g = i / DROPOUT_GROUP;
-    (dropout_group_keeps(dropout_key(seed), call, threshold, g) >> (i % DROPOUT_GROUP)) & 1 != 0
+    (dropout_group_keeps(&dropout_key(seed), call, threshold, g) >> (i % DROPOUT_GROUP)) & 1 != 0
 }
 
 /// Parameters of `dropout_fwd_*`: `y = keep(i) ? x * scale : 0` for the `len` logical
@@ -130,8 +137,8 @@ pub fn dropout_keeps_element(seed: u64, call: u64, threshold: u64, i: u64) -> bo
 ///
 /// `dropout_fwd_packed_*`: x and y row-major and dense, so element `i` is at offset `i`
 /// (16-byte vectors). `dropout_fwd_strided_*`: `map` walks the logical dims in row-major
-/// order, operands `[x, y]`. Both run a grid-stride loop over warps and read the seed and
-/// the call number from the states buffer.
+/// order, operands `[x, y]`. Both run a grid-stride loop over warps and read the call
+/// number from the states buffer; the seed comes in `keys`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DropoutFwdParams {
@@ -140,6 +147,8 @@ pub struct DropoutFwdParams {
     pub _pad: u32,
     pub len: u64,
     pub map: IndexMap<2>,
+    /// `dropout_key(seed)` of the states buffer's seed.
+    pub keys: PhiloxKeys,
 }
 
 /// Parameters of `dropout_bwd_*`: `dx = keep(i) ? dy * scale : 0`, keep bits read from the
@@ -171,13 +180,13 @@ mod tests {
         let key = dropout_key(0x1234_5678_9abc_def0);
         for g in [0, 1, 1 << 40] {
             for call in [0, 7] {
-                let high = dropout_halves(key, call, g, false);
-                let low = dropout_halves(key, call, g, true);
+                let high = dropout_halves(&key, call, g, false, mul_wide);
+                let low = dropout_halves(&key, call, g, true, mul_wide);
                 assert_ne!(high, low, "two counters, two draws");
                 for e in 0..8 {
                     let word = dropout_half(high, e) << 16 | dropout_half(low, e);
                     for t in [0, word as u64, word as u64 + 1, 1 << 32] {
-                        let kept = (dropout_group_keeps(key, call, t, g) >> e) & 1 != 0;
+                        let kept = (dropout_group_keeps(&key, call, t, g) >> e) & 1 != 0;
                         assert_eq!(kept, word as u64 >= t, "g {g} call {call} e {e} t {t:#x}");
                     }
                 }

@@ -59,7 +59,7 @@ pub use matmul::{
     TmaOperands, FMA_BK, FMA_STAGES, FMA_THREADS, MATMUL_RASTER_GROUP, MMA_BK_BYTES,
     MMA_SHORT_K_STAGES, TMA_BOX, WGMMA_BM, WGMMA_THREADS,
 };
-pub use philox::philox4x32_10;
+pub use philox::{mul_wide, philox4x32_10, philox4x32_10_keyed, PhiloxKeys};
 pub use pooling::{
     pooling_global_lane_fits, pooling_global_stage_bytes, pooling_walk_columns,
     pooling_walk_vec_channels, PoolBand, PoolCoord, PoolItems, PoolTile, PoolWalk, PoolWindow,

@@ -1,8 +1,9 @@
 //! Philox4x32-10, the counter-based generator of Salmon et al., "Parallel random numbers:
 //! as easy as 1, 2, 3" (SC 2011), as Random123 defines it. One implementation in plain
 //! integer arithmetic, compiled into both the kernels and the host's CPU reference, so
-//! the two cannot drift apart. A 32x32 -> 64-bit product is written with `u64`
-//! arithmetic; the NVPTX backend turns it into `mul.wide.u32` (`mul.lo`/`mul.hi`).
+//! the two cannot drift apart; only the 32x32 -> 64-bit product is the caller's (`u64`
+//! arithmetic on the host, one `mul.wide.u32` in the kernels), and the round keys are
+//! computed once per key ([`PhiloxKeys`]).
 
 /// Round multipliers.
 const M0: u32 = 0xD251_1F53;
@@ -11,35 +12,71 @@ const M1: u32 = 0xCD9E_8D57;
 const W0: u32 = 0x9E37_79B9;
 const W1: u32 = 0xBB67_AE85;
 
-/// `(hi, lo)` of the 64-bit product `a * b`.
+/// The 64-bit product `a * b` as `(hi, lo)`, in `u64` arithmetic.
+///
+/// The kernels pass [`philox4x32_10_keyed`] one PTX `mul.wide.u32` instead
+/// (`device::mul_wide_u32`): given this form, LLVM merges each round's xors into 64-bit
+/// operations on the products, and ptxas then spends two more instructions a round (six
+/// where four do).
 #[inline(always)]
-fn mul_hi_lo(a: u32, b: u32) -> (u32, u32) {
+pub fn mul_wide(a: u32, b: u32) -> (u32, u32) {
     let p = a as u64 * b as u64;
     ((p >> 32) as u32, p as u32)
 }
 
+/// The round keys of Philox4x32-10 under one 64-bit key: round `r` (0..10) uses
+/// `key + r * (W0, W1)`. A kernel takes them in its parameters, so its rounds read them
+/// as constants, in no registers of their own.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhiloxKeys(pub [[u32; 2]; 10]);
+
+impl PhiloxKeys {
+    /// The round keys of `key` (little-endian 32-bit words, as Random123 lists keys).
+    pub const fn new(key: [u32; 2]) -> Self {
+        let mut keys = [key; 10];
+        let mut r = 1;
+        while r < 10 {
+            keys[r] = [
+                keys[r - 1][0].wrapping_add(W0),
+                keys[r - 1][1].wrapping_add(W1),
+            ];
+            r += 1;
+        }
+        Self(keys)
+    }
+}
+
 #[inline(always)]
-fn round(c: [u32; 4], k: [u32; 2]) -> [u32; 4] {
-    let (hi0, lo0) = mul_hi_lo(M0, c[0]);
-    let (hi1, lo1) = mul_hi_lo(M1, c[2]);
+fn round(c: [u32; 4], k: [u32; 2], mul_wide: impl Fn(u32, u32) -> (u32, u32)) -> [u32; 4] {
+    let (hi0, lo0) = mul_wide(M0, c[0]);
+    let (hi1, lo1) = mul_wide(M1, c[2]);
     [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0]
+}
+
+/// Philox4x32 with 10 rounds under the round keys `keys`: four independent 32-bit random
+/// words for one 128-bit `counter`; `mul_wide(a, b)` is the product `a * b` as `(hi, lo)`
+/// ([`mul_wide`] on the host).
+#[inline(always)]
+pub fn philox4x32_10_keyed(
+    counter: [u32; 4],
+    keys: &PhiloxKeys,
+    mul_wide: impl Fn(u32, u32) -> (u32, u32) + Copy,
+) -> [u32; 4] {
+    let mut c = counter;
+    let mut r = 0;
+    while r < 10 {
+        c = round(c, keys.0[r], mul_wide);
+        r += 1;
+    }
+    c
 }
 
 /// Philox4x32 with 10 rounds: four independent 32-bit random words for one 128-bit
 /// `counter` under a 64-bit `key` (both as little-endian 32-bit words, as Random123's
 /// known-answer vectors list them).
-#[inline(always)]
 pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    let mut c = counter;
-    let mut k = key;
-    c = round(c, k);
-    let mut r = 1;
-    while r < 10 {
-        k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
-        c = round(c, k);
-        r += 1;
-    }
-    c
+    philox4x32_10_keyed(counter, &PhiloxKeys::new(key), mul_wide)
 }
 
 #[cfg(test)]

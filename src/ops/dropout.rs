@@ -44,7 +44,11 @@
 //! every [`dropout_forward`] uses `k` and advances it by one on the stream (on the GPU the
 //! kernel itself does, so calls stay asynchronous); [`DropoutDescriptor::restore`]
 //! (cudnnRestoreDropoutDescriptor) attaches to a buffer seeded earlier without touching
-//! it, so a copy of a states buffer replays the masks from where the copy was taken.
+//! it, so a copy of a states buffer replays the masks from where the copy was taken. A
+//! descriptor holds its buffer's seed (`new` writes it, `restore` reads it back), and the
+//! GPU kernels take the seed from the descriptor, as Philox round keys in their
+//! parameters, and only `k` from the buffer: a buffer seeded with another seed is an
+//! error on the CPU handle and unchecked on the GPU.
 //!
 //! # The reserve space
 //!
@@ -71,7 +75,7 @@ use crate::kernels;
 use crate::launch::{device_ptr, device_ptr_mut, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
-    dropout_threshold, packed_elements_per_thread, DropoutBwdParams, DropoutFwdParams,
+    dropout_key, dropout_threshold, packed_elements_per_thread, DropoutBwdParams, DropoutFwdParams,
     DropoutState, IndexMap, BLOCK_THREADS, DROPOUT_STATE_BYTES, DROPOUT_STATE_MAGIC,
 };
 
@@ -273,8 +277,10 @@ fn packed_warps(len: u64, element_bytes: usize) -> u64 {
 /// `y = x * mask / (1 - p)` with a fresh mask from the generator in `states` (which
 /// advances by one call), the mask kept in `reserve_space` for [`dropout_backward`]
 /// (cudnnDropoutForward). `x` and `y`: same dims and dtype, any strides. `states` must
-/// hold a generator seeded by [`DropoutDescriptor::new`] (the CPU handle checks; the GPU
-/// handle does not read it back), `reserve_space` at least
+/// hold the generator `dropout` was made with (seeded by [`DropoutDescriptor::new`] with
+/// its seed, or the buffer [`DropoutDescriptor::restore`] read it from: the seed comes
+/// from the descriptor, the call number from the buffer; the CPU handle checks, the GPU
+/// handle does not read the buffer back), `reserve_space` at least
 /// [`dropout_reserve_space_size`] bytes.
 #[allow(clippy::too_many_arguments)]
 pub fn dropout_forward(
@@ -298,6 +304,16 @@ pub fn dropout_forward(
     match &handle.backend {
         Backend::Cpu => {
             let mut state = read_state(handle, states)?;
+            if state.seed != dropout.seed {
+                return Err(Error::bad(
+                    "states",
+                    format!(
+                        "the buffer holds the generator of seed {}, the descriptor's seed is {} \
+                         (attach a descriptor to it with DropoutDescriptor::restore)",
+                        state.seed, dropout.seed
+                    ),
+                ));
+            }
             let xt = host_read(x_desc, x)?;
             let mut yt = host_read(y_desc, y)?;
             let mask =
@@ -331,6 +347,7 @@ pub fn dropout_forward(
                 _pad: 0,
                 len,
                 map,
+                keys: dropout_key(dropout.seed),
             };
             let ptrs = [
                 device_ptr_mut(gpu, states)?,
@@ -338,8 +355,8 @@ pub fn dropout_forward(
                 device_ptr_mut(gpu, y)?,
                 device_ptr_mut(gpu, reserve_space)?,
             ];
-            // One resident wave, as many blocks per SM as the kernel's registers allow (3 for
-            // the packed kernel, which `build.rs` holds at 80 registers): every warp loops over
+            // One resident wave, as many blocks per SM as the kernel's registers allow (4 for
+            // the packed kernel, which `build.rs` holds at 64 registers): every warp loops over
             // many chunks, drawing one chunk's randoms while its loads are in flight, and the
             // kernel counts finished blocks with one atomic each.
             let blocks_per_sm = gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?;

@@ -21,7 +21,7 @@ pub fn keep_mask(p: f64, seed: u64, call: u64, len: usize) -> Vec<u32> {
     let group = DROPOUT_GROUP as usize;
     let mut words = vec![0u32; len.div_ceil(32)];
     for g in 0..len.div_ceil(group) {
-        let bits = dropout_group_keeps(key, call, threshold, g as u64);
+        let bits = dropout_group_keeps(&key, call, threshold, g as u64);
         let valid = (len - g * group).min(group);
         let bits = bits & ((1u32 << valid) - 1);
         words[g * group / 32] |= bits << (g * group % 32);
