@@ -225,6 +225,7 @@ fn a_states_buffer_of_another_seed_is_rejected() {
     let poison = HostTensor::filled(xd, 3.0);
     let mut y = h.upload_tensor(&poison).unwrap();
     let mut reserve = h.alloc_bytes(dropout_reserve_space_size(&xd)).unwrap();
+    h.fill_bytes(&mut reserve, 0xA5).unwrap();
     let e = dropout_forward(&h, &d, &mut other, &xd, &x, &xd, &mut y, &mut reserve).unwrap_err();
     assert!(matches!(e, Error::BadParam { arg: "states", .. }), "{e}");
     assert!(e.to_string().contains("seed 8"), "{e}");
@@ -232,6 +233,7 @@ fn a_states_buffer_of_another_seed_is_rejected() {
         h.download_tensor(&xd, &y).unwrap().logical(),
         poison.logical()
     );
+    assert!(h.read_bytes(&reserve).unwrap().iter().all(|&b| b == 0xA5));
     assert_eq!(
         dropout_generator_state(&h, &other).unwrap(),
         DropoutGeneratorState { seed: 8, calls: 0 }
