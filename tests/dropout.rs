@@ -465,9 +465,12 @@ fn gpu_keep_rate_on_a_large_tensor_and_one_advance_per_call() {
                 masks.push(mask);
             }
             assert!(masks[0] != masks[1] && masks[1] != masks[2]);
-            // Thousands of blocks, one advance per call, the block count back to 0.
+            // Thousands of blocks, one advance per call, the block count and the packed
+            // kernel's count of chunks dealt back to 0.
             let raw = h.read_bytes(&states).unwrap();
-            assert_eq!(u32::from_le_bytes(raw[4..8].try_into().unwrap()), 0);
+            let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
+            assert_eq!(word(4), 0, "blocks_done");
+            assert_eq!(word(24), 0, "chunks_dealt");
             assert_eq!(dropout_generator_state(h, &states).unwrap().calls, 3);
             // The CPU reference draws the same third mask.
             let want = oxidnn::reference::dropout::keep_mask(0.1, 2024, 2, len);

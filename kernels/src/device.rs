@@ -356,6 +356,23 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     out
 }
 
+/// `__shfl_sync(0xffffffff, v, lane)`: every lane gets lane `lane`'s word; the full warp
+/// must be converged.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, lane: u32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only warp exchange; all 32 lanes participate (member mask ~0).
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {o}, {v}, {l}, 0x1f, 0xffffffff;",
+            o = out(reg32) out,
+            v = in(reg32) v,
+            l = in(reg32) lane,
+        );
+    }
+    out
+}
+
 /// `__shfl_xor_sync` on an f32.
 #[inline(always)]
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {

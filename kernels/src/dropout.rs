@@ -6,8 +6,9 @@
 //! `dropout_fwd_packed_<dtype>`: x and y row-major and dense (element `i` at offset `i`):
 //! each lane moves 16-byte vectors, a warp 512 contiguous bytes per access. A 16-bit
 //! lane's vector is one group; two f32 lanes share one, drawn by one of them for each pair
-//! of vectors. Whole turns of 4 vectors a warp, then the rest in smaller units over every
-//! warp. `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
+//! of vectors. A warp takes chunks of 4 vectors: its first by its index, the next ones
+//! from a counter in the states buffer (`chunks_dealt`), so the grid ends within a chunk.
+//! `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
 //! logical-consecutive elements through the index map. Both write the keep bits (bit
 //! `i % 32` of word `i / 32`) gathered across lanes with shuffles, read the call number
 //! from the states buffer, and the last block to finish advances it (so every call draws
@@ -20,8 +21,8 @@
 //! Dropped elements are exactly 0 (a select, not a product: NaN or inf there do not leak).
 
 use crate::device::{
-    self, block_dim_x, global_thread_x, grid_dim_x, group_reduce, lane_id, shfl_xor_u32,
-    thread_idx_x,
+    self, block_dim_x, global_thread_x, grid_dim_x, group_reduce, lane_id, shfl_idx_u32,
+    shfl_xor_u32, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{
@@ -41,7 +42,7 @@ unsafe fn read_call(state: *const DropoutState) -> u64 {
 }
 
 /// Called by every thread at the end of a forward kernel: the last block to get here
-/// advances the call number and resets the block count for the next call.
+/// advances the call number and resets the block and chunk counts for the next call.
 #[inline(always)]
 unsafe fn finish_call(state: *mut DropoutState) {
     // Every thread of this block read the state at the start; after the barrier and the
@@ -55,6 +56,7 @@ unsafe fn finish_call(state: *mut DropoutState) {
             let calls = core::ptr::read_volatile(&(*state).calls);
             core::ptr::write_volatile(&raw mut (*state).calls, calls.wrapping_add(1));
             core::ptr::write_volatile(&raw mut (*state).blocks_done, 0);
+            core::ptr::write_volatile(&raw mut (*state).chunks_dealt, 0);
         }
     }
 }
@@ -256,15 +258,17 @@ unsafe fn fwd_packed<T: Element>(
 ) {
     let draw = Draw::new(&p.keys, read_call(state), p.threshold);
     match packed_vector_elements(size_of::<T>()) {
-        4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask),
-        _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask),
+        4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask, &raw mut (*state).chunks_dealt),
+        _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask, &raw mut (*state).chunks_dealt),
     }
     finish_call(state);
 }
 
-/// The packed forward: whole turns of a chunk of `V` vectors a warp, then the rest (under
-/// a chunk a warp) spread over every warp in units of 1, 2 or `V` vectors, the fewest that
-/// cover it, so that no warp takes a last whole chunk while most of the grid has finished.
+/// The packed forward in chunks of `V` vectors a warp: a warp's first chunk is its own
+/// index, each next one the next undealt chunk (`dealt` counts those taken after the first
+/// turn). A warp takes its next chunk while it works on the current one, so the atomic's
+/// latency hides behind the chunk, and warps that run ahead take more: the grid finishes
+/// within a chunk of itself.
 #[inline(always)]
 unsafe fn fwd_packed_k<T: Element, const K: usize>(
     p: &DropoutFwdParams,
@@ -272,28 +276,17 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
     x: *const T,
     y: *mut T,
     mask: *mut u32,
+    dealt: *mut u32,
 ) {
-    let vector = (32 * K) as u64;
-    let chunk = V as u64 * vector;
+    let chunk = (V * 32 * K) as u64;
+    let chunks = p.len.div_ceil(chunk);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
-    let warp = global_thread_x() / 32;
-    let whole = p.len / chunk / warps * warps;
-    let mut c = warp;
-    while c < whole {
+    let mut c = global_thread_x() / 32;
+    while c < chunks {
+        // A 32-bit count: a chunk is at least 512 elements, so it cannot wrap (2^41 elements).
+        let taken = if lane_id() == 0 { device::atomic_add_u32(dealt, 1) } else { 0 };
         fwd_unit::<T, K, V>(p, draw, x, y, mask, c * chunk);
-        c += warps;
-    }
-    // At most (warps - 1) chunks and a partial one are left, so `n <= V`.
-    let start = whole * chunk;
-    let n = (p.len - start).div_ceil(vector).div_ceil(warps);
-    let n = if n > 2 { V as u64 } else { n };
-    let base = start + warp * n * vector;
-    if base < p.len {
-        match n {
-            1 => fwd_unit::<T, K, 1>(p, draw, x, y, mask, base),
-            2 => fwd_unit::<T, K, 2>(p, draw, x, y, mask, base),
-            _ => fwd_unit::<T, K, V>(p, draw, x, y, mask, base),
-        }
+        c = warps + shfl_idx_u32(taken, 0) as u64;
     }
 }
 

@@ -23,7 +23,8 @@ use crate::IndexMap;
 /// `calls` counts the forward calls made with the buffer since it was seeded: call `k`
 /// draws with counter words 2 and 3 equal to `k`, then advances `calls` to `k + 1` (on the
 /// GPU the last block of the forward kernel to finish does it; `blocks_done` counts the
-/// blocks finished so far and is 0 between calls).
+/// blocks finished so far and `chunks_dealt` the packed kernel's chunks dealt past its
+/// first turn; both are 0 between calls).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropoutState {
@@ -32,7 +33,8 @@ pub struct DropoutState {
     pub blocks_done: u32,
     pub seed: u64,
     pub calls: u64,
-    pub _reserved: u64,
+    pub chunks_dealt: u32,
+    pub _reserved: u32,
 }
 
 /// Marks a seeded [`DropoutState`] ("OXDP").
@@ -199,5 +201,6 @@ mod tests {
         assert_eq!(DROPOUT_STATE_BYTES, 32);
         assert_eq!(core::mem::offset_of!(DropoutState, seed), 8);
         assert_eq!(core::mem::offset_of!(DropoutState, calls), 16);
+        assert_eq!(core::mem::offset_of!(DropoutState, chunks_dealt), 24);
     }
 }

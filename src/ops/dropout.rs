@@ -130,7 +130,8 @@ fn encode_state(s: &DropoutState) -> [u8; DROPOUT_STATE_BYTES] {
     b[4..8].copy_from_slice(&s.blocks_done.to_le_bytes());
     b[8..16].copy_from_slice(&s.seed.to_le_bytes());
     b[16..24].copy_from_slice(&s.calls.to_le_bytes());
-    b[24..32].copy_from_slice(&s._reserved.to_le_bytes());
+    b[24..28].copy_from_slice(&s.chunks_dealt.to_le_bytes());
+    b[28..32].copy_from_slice(&s._reserved.to_le_bytes());
     b
 }
 
@@ -138,13 +139,15 @@ fn encode_state(s: &DropoutState) -> [u8; DROPOUT_STATE_BYTES] {
 /// Waits for the handle's stream (the state is read back).
 fn read_state(handle: &Handle, states: &Buffer) -> Result<DropoutState> {
     let b = handle.read_bytes(states)?;
-    let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]));
     let s = DropoutState {
-        magic: u32::from_le_bytes(b[0..4].try_into().unwrap_or([0; 4])),
-        blocks_done: u32::from_le_bytes(b[4..8].try_into().unwrap_or([0; 4])),
-        seed: word(8),
-        calls: word(16),
-        _reserved: word(24),
+        magic: u32_at(0),
+        blocks_done: u32_at(4),
+        seed: u64_at(8),
+        calls: u64_at(16),
+        chunks_dealt: u32_at(24),
+        _reserved: u32_at(28),
     };
     if s.magic != DROPOUT_STATE_MAGIC {
         return Err(Error::bad(
@@ -357,8 +360,9 @@ pub fn dropout_forward(
             ];
             // One resident wave, as many blocks per SM as the kernel's registers allow (4 for
             // the packed kernel, which `build.rs` holds at 64 registers): every warp loops over
-            // many chunks, drawing one chunk's randoms while its loads are in flight, and the
-            // kernel counts finished blocks with one atomic each.
+            // many chunks, drawing one chunk's randoms while its loads are in flight (the
+            // packed kernel's warps take their chunks after the first from a counter in the
+            // states buffer), and the kernel counts finished blocks with one atomic each.
             let blocks_per_sm = gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?;
             // SAFETY: states holds a DropoutState (length checked); x and y hold their
             // descriptors' spans and the packed kernel runs only when both are row-major
