@@ -1382,6 +1382,38 @@ pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
     old
 }
 
+/// `atomicAdd(p, v)` made by the warp's lane 0 alone, which gets the old value; the other
+/// lanes get 0. The atomic stays one instruction whose result is waited for only where it
+/// is used: on an address it can prove warp-uniform, ptxas makes an atomic warp-aggregated,
+/// with a shuffle of the result right after it that waits for the atomic there and then.
+/// Here the address is `p` plus the lane's `%lanemask_lt`, which is 0 in lane 0, the only
+/// lane that makes the atomic.
+///
+/// # Safety
+/// As [`atomic_add_u32`]; the whole warp is converged.
+#[inline(always)]
+pub unsafe fn atomic_add_u32_lane0(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    asm!(
+        "{{",
+        ".reg .pred first;",
+        ".reg .b32 below;",
+        ".reg .b64 at;",
+        "mov.u32 {o}, 0;",
+        "mov.u32 below, %lanemask_lt;",
+        "setp.eq.u32 first, below, 0;",
+        "cvt.u64.u32 at, below;",
+        "add.u64 at, at, {p};",
+        "@first atom.global.add.u32 {o}, [at], {v};",
+        "}}",
+        o = out(reg32) old,
+        p = in(reg64) p,
+        v = in(reg32) v,
+        options(nostack, preserves_flags)
+    );
+    old
+}
+
 /// `__threadfence()`: this thread's memory accesses before it are ordered, device-wide,
 /// before its accesses after it.
 #[inline(always)]

@@ -266,9 +266,9 @@ unsafe fn fwd_packed<T: Element>(
 
 /// The packed forward in chunks of `V` vectors a warp: a warp's first chunk is its own
 /// index, each next one the next undealt chunk (`dealt` counts those taken after the first
-/// turn). A warp takes its next chunk while it works on the current one, so the atomic's
-/// latency hides behind the chunk, and warps that run ahead take more: the grid finishes
-/// within a chunk of itself.
+/// turn), so warps that run ahead take more and the grid finishes within a chunk of itself.
+/// A warp takes a chunk's index a whole chunk before it needs it, so the atomic's latency
+/// hides behind the chunk.
 #[inline(always)]
 unsafe fn fwd_packed_k<T: Element, const K: usize>(
     p: &DropoutFwdParams,
@@ -281,12 +281,14 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
     let chunk = (V * 32 * K) as u64;
     let chunks = p.len.div_ceil(chunk);
     let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
+    // A 32-bit count: a chunk is at least 512 elements, so it cannot wrap (2^41 elements).
     let mut c = global_thread_x() / 32;
+    let mut taken = device::atomic_add_u32_lane0(dealt, 1);
     while c < chunks {
-        // A 32-bit count: a chunk is at least 512 elements, so it cannot wrap (2^41 elements).
-        let taken = if lane_id() == 0 { device::atomic_add_u32(dealt, 1) } else { 0 };
+        let next = warps + shfl_idx_u32(taken, 0) as u64;
+        taken = device::atomic_add_u32_lane0(dealt, 1);
         fwd_unit::<T, K, V>(p, draw, x, y, mask, c * chunk);
-        c = warps + shfl_idx_u32(taken, 0) as u64;
+        c = next;
     }
 }
 
