@@ -265,8 +265,9 @@ unsafe fn fwd_packed<T: Element>(
 }
 
 /// The packed forward in chunks of `V` vectors a warp: a warp's first chunk is its own
-/// index, each next one the next undealt chunk (`dealt` counts those taken after the first
-/// turn), so warps that run ahead take more and the grid finishes within a chunk of itself.
+/// index, each next one the next undealt chunk (`dealt` counts the indices taken past the
+/// first turn, a warp's last one unused), so warps that run ahead take more and the grid
+/// finishes within a chunk of itself.
 /// A warp takes a chunk's index a whole chunk before it needs it, so the atomic's latency
 /// hides behind the chunk.
 #[inline(always)]
