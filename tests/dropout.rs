@@ -466,11 +466,14 @@ fn gpu_keep_rate_on_a_large_tensor_and_one_advance_per_call() {
             }
             assert!(masks[0] != masks[1] && masks[1] != masks[2]);
             // Thousands of blocks, one advance per call, the block count and the packed
-            // kernel's count of chunks dealt back to 0.
+            // kernel's chunk counters back to 0.
             let raw = h.read_bytes(&states).unwrap();
             let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
             assert_eq!(word(4), 0, "blocks_done");
-            assert_eq!(word(24), 0, "chunks_dealt");
+            for j in 0..oxidnn_params::DROPOUT_DEAL_COUNTERS {
+                let at = oxidnn_params::dropout_counter_offset(j);
+                assert_eq!(word(at), 0, "chunk counter {j}");
+            }
             assert_eq!(dropout_generator_state(h, &states).unwrap().calls, 3);
             // The CPU reference draws the same third mask.
             let want = oxidnn::reference::dropout::keep_mask(0.1, 2024, 2, len);
