@@ -465,9 +465,15 @@ fn gpu_keep_rate_on_a_large_tensor_and_one_advance_per_call() {
                 masks.push(mask);
             }
             assert!(masks[0] != masks[1] && masks[1] != masks[2]);
-            // Thousands of blocks, one advance per call, the block count back to 0.
+            // Thousands of blocks, one advance per call, the block count and the packed
+            // kernel's chunk counters back to 0.
             let raw = h.read_bytes(&states).unwrap();
-            assert_eq!(u32::from_le_bytes(raw[4..8].try_into().unwrap()), 0);
+            let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap());
+            assert_eq!(word(4), 0, "blocks_done");
+            for j in 0..oxidnn_params::DROPOUT_DEAL_COUNTERS {
+                let at = oxidnn_params::dropout_counter_offset(j);
+                assert_eq!(word(at), 0, "chunk counter {j}");
+            }
             assert_eq!(dropout_generator_state(h, &states).unwrap().calls, 3);
             // The CPU reference draws the same third mask.
             let want = oxidnn::reference::dropout::keep_mask(0.1, 2024, 2, len);

@@ -356,6 +356,23 @@ pub fn shfl_xor_u32(v: u32, lane_mask: u32) -> u32 {
     out
 }
 
+/// `__shfl_sync(0xffffffff, v, lane)`: every lane gets lane `lane`'s word; the full warp
+/// must be converged.
+#[inline(always)]
+pub fn shfl_idx_u32(v: u32, lane: u32) -> u32 {
+    let out: u32;
+    // SAFETY: register-only warp exchange; all 32 lanes participate (member mask ~0).
+    unsafe {
+        asm!(
+            "shfl.sync.idx.b32 {o}, {v}, {l}, 0x1f, 0xffffffff;",
+            o = out(reg32) out,
+            v = in(reg32) v,
+            l = in(reg32) lane,
+        );
+    }
+    out
+}
+
 /// `__shfl_xor_sync` on an f32.
 #[inline(always)]
 pub fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
@@ -1362,6 +1379,38 @@ pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
     let old: u32;
     asm!("atom.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old, p = in(reg64) p,
          v = in(reg32) v, options(nostack, preserves_flags));
+    old
+}
+
+/// `atomicAdd(p, v)` made by the warp's lane 0 alone, which gets the old value; the other
+/// lanes get 0. The atomic stays one instruction whose result is waited for only where it
+/// is used: on an address it can prove warp-uniform, ptxas makes an atomic warp-aggregated,
+/// with a shuffle of the result right after it that waits for the atomic there and then.
+/// Here the address is `p` plus the lane's `%lanemask_lt`, which is 0 in lane 0, the only
+/// lane that makes the atomic.
+///
+/// # Safety
+/// As [`atomic_add_u32`]; the whole warp is converged.
+#[inline(always)]
+pub unsafe fn atomic_add_u32_lane0(p: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    asm!(
+        "{{",
+        ".reg .pred first;",
+        ".reg .b32 below;",
+        ".reg .b64 at;",
+        "mov.u32 {o}, 0;",
+        "mov.u32 below, %lanemask_lt;",
+        "setp.eq.u32 first, below, 0;",
+        "cvt.u64.u32 at, below;",
+        "add.u64 at, at, {p};",
+        "@first atom.global.add.u32 {o}, [at], {v};",
+        "}}",
+        o = out(reg32) old,
+        p = in(reg64) p,
+        v = in(reg32) v,
+        options(nostack, preserves_flags)
+    );
     old
 }
 

@@ -6,8 +6,10 @@
 //! `dropout_fwd_packed_<dtype>`: x and y row-major and dense (element `i` at offset `i`):
 //! each lane moves 16-byte vectors, a warp 512 contiguous bytes per access. A 16-bit
 //! lane's vector is one group; two f32 lanes share one, drawn by one of them for each pair
-//! of vectors. Whole turns of 4 vectors a warp, then the rest in smaller units over every
-//! warp. `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
+//! of vectors. A warp takes chunks of 4 vectors: its first by its block's index, the next
+//! ones from its group's counter in the states buffer (warp `j` of every block is group
+//! `j`), so the grid ends within a chunk.
+//! `dropout_fwd_strided_<dtype>`: any strides; a lane takes one group of 8
 //! logical-consecutive elements through the index map. Both write the keep bits (bit
 //! `i % 32` of word `i / 32`) gathered across lanes with shuffles, read the call number
 //! from the states buffer, and the last block to finish advances it (so every call draws
@@ -20,13 +22,14 @@
 //! Dropped elements are exactly 0 (a select, not a product: NaN or inf there do not leak).
 
 use crate::device::{
-    self, block_dim_x, global_thread_x, grid_dim_x, group_reduce, lane_id, shfl_xor_u32,
-    thread_idx_x,
+    self, block_dim_x, block_idx_x, global_thread_x, grid_dim_x, group_reduce, lane_id,
+    shfl_idx_u32, shfl_xor_u32, thread_idx_x,
 };
 use crate::element::Element;
 use oxidnn_params::{
-    dropout_half, dropout_halves, packed_vector_elements, DropoutBwdParams, DropoutFwdParams,
-    DropoutState, PhiloxKeys, DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
+    dropout_counter_offset, dropout_half, dropout_halves, packed_vector_elements,
+    DropoutBwdParams, DropoutFwdParams, DropoutState, PhiloxKeys, DROPOUT_DEAL_COUNTERS,
+    DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
 };
 
 /// 16-byte vectors per lane per step of the packed kernels (the host sizes the grid by it).
@@ -41,7 +44,8 @@ unsafe fn read_call(state: *const DropoutState) -> u64 {
 }
 
 /// Called by every thread at the end of a forward kernel: the last block to get here
-/// advances the call number and resets the block count for the next call.
+/// advances the call number and resets the block count and the chunk counters for the
+/// next call.
 #[inline(always)]
 unsafe fn finish_call(state: *mut DropoutState) {
     // Every thread of this block read the state at the start; after the barrier and the
@@ -55,6 +59,9 @@ unsafe fn finish_call(state: *mut DropoutState) {
             let calls = core::ptr::read_volatile(&(*state).calls);
             core::ptr::write_volatile(&raw mut (*state).calls, calls.wrapping_add(1));
             core::ptr::write_volatile(&raw mut (*state).blocks_done, 0);
+            for j in 0..DROPOUT_DEAL_COUNTERS {
+                core::ptr::write_volatile(deal_counter(state, j), 0);
+            }
         }
     }
 }
@@ -256,15 +263,27 @@ unsafe fn fwd_packed<T: Element>(
 ) {
     let draw = Draw::new(&p.keys, read_call(state), p.threshold);
     match packed_vector_elements(size_of::<T>()) {
-        4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask),
-        _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask),
+        4 => fwd_packed_k::<T, 4>(p, draw, x, y, mask, state),
+        _ => fwd_packed_k::<T, 8>(p, draw, x, y, mask, state),
     }
     finish_call(state);
 }
 
-/// The packed forward: whole turns of a chunk of `V` vectors a warp, then the rest (under
-/// a chunk a warp) spread over every warp in units of 1, 2 or `V` vectors, the fewest that
-/// cover it, so that no warp takes a last whole chunk while most of the grid has finished.
+/// Chunk counter `j` of a states buffer (`oxidnn_params::dropout_counter_offset`).
+#[inline(always)]
+unsafe fn deal_counter(state: *mut DropoutState, j: usize) -> *mut u32 {
+    state.byte_add(dropout_counter_offset(j)).cast()
+}
+
+/// The packed forward in chunks of `V` vectors a warp. Warp `j` of each block deals with
+/// the other blocks' warps `j` (`G` = warps a block = `DROPOUT_DEAL_COUNTERS`, the host
+/// launches `BLOCK_THREADS`) the chunks `j + G m`: its first `m` is its block's index, each
+/// next one the next undealt (`grid` + counter `j`, which counts the indices taken past the
+/// first turn, a warp's last one unused), so warps that run ahead take more and the grid
+/// finishes within a chunk of itself. A counter a group keeps the atomics of different
+/// groups in different queues (one for the grid throttled the kernel).
+/// A warp takes a chunk's index a whole chunk before it needs it, so the atomic's latency
+/// hides behind the chunk.
 #[inline(always)]
 unsafe fn fwd_packed_k<T: Element, const K: usize>(
     p: &DropoutFwdParams,
@@ -272,28 +291,22 @@ unsafe fn fwd_packed_k<T: Element, const K: usize>(
     x: *const T,
     y: *mut T,
     mask: *mut u32,
+    state: *mut DropoutState,
 ) {
-    let vector = (32 * K) as u64;
-    let chunk = V as u64 * vector;
-    let warps = grid_dim_x() as u64 * (block_dim_x() / 32) as u64;
-    let warp = global_thread_x() / 32;
-    let whole = p.len / chunk / warps * warps;
-    let mut c = warp;
-    while c < whole {
-        fwd_unit::<T, K, V>(p, draw, x, y, mask, c * chunk);
-        c += warps;
-    }
-    // At most (warps - 1) chunks and a partial one are left, so `n <= V`.
-    let start = whole * chunk;
-    let n = (p.len - start).div_ceil(vector).div_ceil(warps);
-    let n = if n > 2 { V as u64 } else { n };
-    let base = start + warp * n * vector;
-    if base < p.len {
-        match n {
-            1 => fwd_unit::<T, K, 1>(p, draw, x, y, mask, base),
-            2 => fwd_unit::<T, K, 2>(p, draw, x, y, mask, base),
-            _ => fwd_unit::<T, K, V>(p, draw, x, y, mask, base),
-        }
+    let chunk = (V * 32 * K) as u64;
+    let chunks = p.len.div_ceil(chunk);
+    let groups = DROPOUT_DEAL_COUNTERS as u64;
+    let j = (thread_idx_x() / 32) as usize;
+    let counter = deal_counter(state, j);
+    let grid = grid_dim_x() as u64;
+    // A 32-bit count: a chunk is at least 512 elements, so it cannot wrap (2^44 elements).
+    let mut m = block_idx_x() as u64;
+    let mut taken = device::atomic_add_u32_lane0(counter, 1);
+    while j as u64 + groups * m < chunks {
+        let next = grid + shfl_idx_u32(taken, 0) as u64;
+        taken = device::atomic_add_u32_lane0(counter, 1);
+        fwd_unit::<T, K, V>(p, draw, x, y, mask, (j as u64 + groups * m) * chunk);
+        m = next;
     }
 }
 

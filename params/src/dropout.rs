@@ -23,7 +23,8 @@ use crate::IndexMap;
 /// `calls` counts the forward calls made with the buffer since it was seeded: call `k`
 /// draws with counter words 2 and 3 equal to `k`, then advances `calls` to `k + 1` (on the
 /// GPU the last block of the forward kernel to finish does it; `blocks_done` counts the
-/// blocks finished so far and is 0 between calls).
+/// blocks finished so far and is 0 between calls). The states buffer holds it in its first
+/// [`DROPOUT_LINE_BYTES`], then the packed forward's chunk counters ([`dropout_counter_offset`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropoutState {
@@ -38,8 +39,25 @@ pub struct DropoutState {
 /// Marks a seeded [`DropoutState`] ("OXDP").
 pub const DROPOUT_STATE_MAGIC: u32 = 0x5044_584F;
 
-/// Bytes of a dropout states buffer.
+/// Bytes of a [`DropoutState`].
 pub const DROPOUT_STATE_BYTES: usize = core::mem::size_of::<DropoutState>();
+
+/// The packed forward's chunk counters in a states buffer: one for each warp of a block
+/// (warp `j` of every block takes its chunks after the first from counter `j`, each 0
+/// between calls). Each has a 128-byte line of its own, so every counter queues its own
+/// atomics: one counter for the whole grid made its atomics the kernel's bottleneck.
+pub const DROPOUT_DEAL_COUNTERS: usize = crate::BLOCK_THREADS as usize / 32;
+
+/// The spacing of the state and the counters in a states buffer.
+pub const DROPOUT_LINE_BYTES: usize = 128;
+
+/// Bytes of a dropout states buffer: the state's line, then the counters'.
+pub const DROPOUT_STATES_BYTES: usize = DROPOUT_LINE_BYTES * (1 + DROPOUT_DEAL_COUNTERS);
+
+/// Byte offset of chunk counter `j` (a `u32`) in a states buffer.
+pub const fn dropout_counter_offset(j: usize) -> usize {
+    DROPOUT_LINE_BYTES * (1 + j)
+}
 
 /// Elements whose keep bits fill one 32-bit word of the reserve space.
 pub const DROPOUT_MASK_WORD_BITS: u64 = 32;
@@ -195,9 +213,14 @@ mod tests {
     }
 
     #[test]
-    fn the_state_is_32_bytes_with_fixed_offsets() {
+    fn the_state_is_32_bytes_with_fixed_offsets_and_each_counter_its_own_line() {
         assert_eq!(DROPOUT_STATE_BYTES, 32);
         assert_eq!(core::mem::offset_of!(DropoutState, seed), 8);
         assert_eq!(core::mem::offset_of!(DropoutState, calls), 16);
+        assert!(DROPOUT_STATE_BYTES <= dropout_counter_offset(0));
+        assert_eq!(
+            dropout_counter_offset(DROPOUT_DEAL_COUNTERS),
+            DROPOUT_STATES_BYTES
+        );
     }
 }

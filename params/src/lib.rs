@@ -37,9 +37,10 @@ pub use convolution::{
 };
 pub use divisor::FastDivisor;
 pub use dropout::{
-    dropout_group_keeps, dropout_half, dropout_halves, dropout_keeps, dropout_keeps_element,
-    dropout_key, dropout_threshold, DropoutBwdParams, DropoutFwdParams, DropoutState,
-    DROPOUT_GROUP, DROPOUT_MASK_WORD_BITS, DROPOUT_STATE_BYTES, DROPOUT_STATE_MAGIC,
+    dropout_counter_offset, dropout_group_keeps, dropout_half, dropout_halves, dropout_keeps,
+    dropout_keeps_element, dropout_key, dropout_threshold, DropoutBwdParams, DropoutFwdParams,
+    DropoutState, DROPOUT_DEAL_COUNTERS, DROPOUT_GROUP, DROPOUT_LINE_BYTES, DROPOUT_MASK_WORD_BITS,
+    DROPOUT_STATES_BYTES, DROPOUT_STATE_BYTES, DROPOUT_STATE_MAGIC,
 };
 pub use index_map::IndexMap;
 pub use layer_norm::{

@@ -38,9 +38,9 @@
 //!
 //! # The states buffer
 //!
-//! [`dropout_states_size`] bytes holding the seed and the number `k` of forward calls
-//! made so far (cuDNN's states hold per-thread curand states instead; the role is the
-//! same). [`DropoutDescriptor::new`] (cudnnSetDropoutDescriptor) seeds it and sets `k = 0`;
+//! [`dropout_states_size`] bytes (1152) holding the seed, the number `k` of forward calls
+//! made so far and the GPU forward's work counters, 0 between calls (cuDNN's states hold
+//! per-thread curand states instead; the role is the same). [`DropoutDescriptor::new`] (cudnnSetDropoutDescriptor) seeds it and sets `k = 0`;
 //! every [`dropout_forward`] uses `k` and advances it by one on the stream (on the GPU the
 //! kernel itself does, so calls stay asynchronous); [`DropoutDescriptor::restore`]
 //! (cudnnRestoreDropoutDescriptor) attaches to a buffer seeded earlier without touching
@@ -76,13 +76,13 @@ use crate::launch::{device_ptr, device_ptr_mut, LaunchConfig};
 use crate::reference;
 use oxidnn_params::{
     dropout_key, dropout_threshold, packed_elements_per_thread, DropoutBwdParams, DropoutFwdParams,
-    DropoutState, IndexMap, BLOCK_THREADS, DROPOUT_STATE_BYTES, DROPOUT_STATE_MAGIC,
+    DropoutState, IndexMap, BLOCK_THREADS, DROPOUT_STATES_BYTES, DROPOUT_STATE_MAGIC,
 };
 
 /// Bytes of the states buffer (cudnnDropoutGetStatesSize): the same on every device.
 pub fn dropout_states_size(handle: &Handle) -> usize {
     let _ = handle;
-    DROPOUT_STATE_BYTES
+    DROPOUT_STATES_BYTES
 }
 
 /// Bytes of the reserve space for a tensor like `x_desc` (cudnnDropoutGetReserveSpaceSize):
@@ -121,11 +121,12 @@ fn check_probability(p: f64) -> Result<()> {
 
 fn check_states(handle: &Handle, states: &Buffer) -> Result<()> {
     handle.check_owner("states", states)?;
-    states.check_len("states", DROPOUT_STATE_BYTES)
+    states.check_len("states", DROPOUT_STATES_BYTES)
 }
 
-fn encode_state(s: &DropoutState) -> [u8; DROPOUT_STATE_BYTES] {
-    let mut b = [0u8; DROPOUT_STATE_BYTES];
+/// A states buffer holding `s`, its chunk counters 0.
+fn encode_state(s: &DropoutState) -> [u8; DROPOUT_STATES_BYTES] {
+    let mut b = [0u8; DROPOUT_STATES_BYTES];
     b[0..4].copy_from_slice(&s.magic.to_le_bytes());
     b[4..8].copy_from_slice(&s.blocks_done.to_le_bytes());
     b[8..16].copy_from_slice(&s.seed.to_le_bytes());
@@ -357,11 +358,12 @@ pub fn dropout_forward(
             ];
             // One resident wave, as many blocks per SM as the kernel's registers allow (4 for
             // the packed kernel, which `build.rs` holds at 64 registers): every warp loops over
-            // many chunks, drawing one chunk's randoms while its loads are in flight, and the
-            // kernel counts finished blocks with one atomic each.
+            // many chunks, drawing one chunk's randoms while its loads are in flight (the
+            // packed kernel's warps take their chunks after the first from counters in the
+            // states buffer), and the kernel counts finished blocks with one atomic each.
             let blocks_per_sm = gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?;
-            // SAFETY: states holds a DropoutState (length checked); x and y hold their
-            // descriptors' spans and the packed kernel runs only when both are row-major
+            // SAFETY: states holds a DropoutState and the chunk counters (length checked); x
+            // and y hold their descriptors' spans and the packed kernel runs only when both are row-major
             // dense (offset i = element i < len), the strided map only produces offsets
             // inside the spans; the reserve holds ceil(len / 32) words (checked).
             unsafe {
