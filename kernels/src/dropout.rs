@@ -27,9 +27,9 @@ use crate::device::{
 };
 use crate::element::Element;
 use oxidnn_params::{
-    dropout_counter_offset, dropout_half, dropout_halves, packed_vector_elements,
-    DropoutBwdParams, DropoutFwdParams, DropoutState, PhiloxKeys, DROPOUT_DEAL_COUNTERS,
-    DROPOUT_GROUP, PACKED_VECTORS_PER_THREAD,
+    dropout_counter_offset, dropout_half, dropout_halves, packed_vector_elements, DropoutBwdParams,
+    DropoutFwdParams, DropoutState, PhiloxKeys, DROPOUT_DEAL_COUNTERS, DROPOUT_GROUP,
+    PACKED_VECTORS_PER_THREAD,
 };
 
 /// 16-byte vectors per lane per step of the packed kernels (the host sizes the grid by it).

@@ -23,8 +23,9 @@ use crate::IndexMap;
 /// `calls` counts the forward calls made with the buffer since it was seeded: call `k`
 /// draws with counter words 2 and 3 equal to `k`, then advances `calls` to `k + 1` (on the
 /// GPU the last block of the forward kernel to finish does it; `blocks_done` counts the
-/// blocks finished so far and is 0 between calls). The states buffer holds it in its first
-/// [`DROPOUT_LINE_BYTES`], then the packed forward's chunk counters ([`dropout_counter_offset`]).
+/// blocks finished so far and is 0 between calls). A states buffer holds it in its first
+/// [`DROPOUT_LINE_BYTES`], then the packed forward's chunk counters
+/// ([`dropout_counter_offset`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropoutState {

@@ -40,8 +40,8 @@
 //!
 //! [`dropout_states_size`] bytes (1152) holding the seed, the number `k` of forward calls
 //! made so far and the GPU forward's work counters, 0 between calls (cuDNN's states hold
-//! per-thread curand states instead; the role is the same). [`DropoutDescriptor::new`] (cudnnSetDropoutDescriptor) seeds it and sets `k = 0`;
-//! every [`dropout_forward`] uses `k` and advances it by one on the stream (on the GPU the
+//! per-thread curand states instead; the role is the same). [`DropoutDescriptor::new`]
+//! (cudnnSetDropoutDescriptor) seeds it and sets `k = 0`; every [`dropout_forward`] uses `k` and advances it by one on the stream (on the GPU the
 //! kernel itself does, so calls stay asynchronous); [`DropoutDescriptor::restore`]
 //! (cudnnRestoreDropoutDescriptor) attaches to a buffer seeded earlier without touching
 //! it, so a copy of a states buffer replays the masks from where the copy was taken. A
@@ -362,10 +362,11 @@ pub fn dropout_forward(
             // packed kernel's warps take their chunks after the first from counters in the
             // states buffer), and the kernel counts finished blocks with one atomic each.
             let blocks_per_sm = gpu.resident_blocks(kernel, BLOCK_THREADS, 0)?;
-            // SAFETY: states holds a DropoutState and the chunk counters (length checked); x
-            // and y hold their descriptors' spans and the packed kernel runs only when both are row-major
-            // dense (offset i = element i < len), the strided map only produces offsets
-            // inside the spans; the reserve holds ceil(len / 32) words (checked).
+            // SAFETY: states holds a DropoutState and the chunk counters (length checked),
+            // and the blocks have BLOCK_THREADS threads, so a warp's counter is one of them;
+            // x and y hold their descriptors' spans and the packed kernel runs only when both
+            // are row-major dense (offset i = element i < len), the strided map only produces
+            // offsets inside the spans; the reserve holds ceil(len / 32) words (checked).
             unsafe {
                 gpu.launch(
                     kernel,
