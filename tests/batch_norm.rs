@@ -1047,11 +1047,12 @@ fn gpu_resident_training_over_an_odd_row_count() {
 
 /// NCHW training over tensors larger than L2 (40 MiB and more) runs as one cooperative
 /// launch whose blocks take each channel's statistics, finalize it and apply it a few
-/// channels later, while the channel is still in L2: forward and backward (saved
-/// statistics), plain, with add + relu (the backward reading the relu mask) and with
-/// blended outputs, on one handle, so each launch finds the counters the one before left.
-/// Here f32 in 16-byte vectors (14x64x112x112, 45 MB). (`OXIDNN_BN_PIPELINE=1` runs the
-/// whole suite's NCHW training on the pipelined kernels, `=0` on the three launches.)
+/// channels later, while the channel is still in L2: the plain forward, and the backward
+/// (saved statistics) plain, with add + relu (reading the relu mask) and with blended
+/// outputs, on one handle, so each launch finds the counters the one before left (the
+/// fused forwards run three launches). Here f32 in 16-byte vectors (14x64x112x112, 45 MB).
+/// (`OXIDNN_BN_PIPELINE=1` runs the whole suite's NCHW training on the pipelined kernels,
+/// the fused forward's too, `=0` on the three launches.)
 #[test]
 fn gpu_pipelined_training_of_channels_larger_than_l2() {
     with_gpu("gpu_pipelined_training_of_channels_larger_than_l2", |h| {

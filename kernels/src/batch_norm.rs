@@ -2478,10 +2478,10 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
 }
 
 // ---------------------------------------------------------------------------------------
-// Pipelined training forward (one cooperative launch, rows mapping)
+// Pipelined training passes (one cooperative launch, rows mapping)
 // ---------------------------------------------------------------------------------------
 
-/// A task of the pipelined forward: chunk `chunk` of feature `f`, its stats or its apply.
+/// A task of a pipelined pass: chunk `chunk` of feature `f`, its stats or its apply.
 #[derive(Clone, Copy)]
 struct Task {
     apply: bool,

@@ -14,10 +14,11 @@
 //! shape and device) without atomics. Statistics are Welford/Chan moments, accumulated in
 //! f32 and combined across chunks in f64. Where one chunk per feature fills the GPU (NCHW
 //! with many channels of short reductions), a block per feature reduces, finalizes and
-//! normalizes its feature in a single launch. Channels-first problems larger than L2 run
-//! as one cooperative launch that takes each channel's statistics and applies them a few
-//! channels later, while the channel's data is still in L2 (read from memory about once;
-//! the backward with saved statistics). Channels-last problems run as one
+//! normalizes its feature in a single launch. Over channels-first tensors larger than L2,
+//! the plain forward and the backward (with saved statistics) run as one cooperative
+//! launch that takes each channel's statistics and applies them a few channels later,
+//! while the channel's data is still in L2 (read from memory about once). Channels-last
+//! problems run as one
 //! cooperative launch that keeps as much of the data in shared memory as fits (read from
 //! memory once), where that is at least a fifth of it (`docs/batch-norm-notes.md`).
 //!
@@ -1046,10 +1047,16 @@ fn plan_problem(
 /// Bytes of `x` from which a rows training pass takes the pipelined kernel: below them the
 /// three launches' apply finds most of its inputs still in L2 (the H100's holds 50 MB).
 const PIPELINE_MIN_BYTES: usize = 40 << 20;
-/// Bytes of input a pipelined task reads (the forward's `x`; the backward's `x` and `dy`,
-/// half as many elements), and the fewest bytes of `x` a chunk may have (the workspace
-/// holds the partials of chunks that small).
-const PIPELINE_CHUNK_BYTES: usize = 16 << 10;
+/// Bytes of input a pipelined task reads: the forward's of `x`, the backward's of `x` and
+/// `dy` together. Each task costs its block a few microseconds of bookkeeping (the
+/// reduction, the counts and their fences, the wait for the coefficient), so small tasks
+/// lose: H100, f32 NCHW N = 32, forward 64x112x112 at 16 / 32 / 64 KB 191 / 125 / 121 µs
+/// (three launches 129), backward at 16 / 32 / 64 KB of input 203 / 173 / 180 µs (three
+/// launches 192); 256x56x56 likewise.
+const PIPELINE_FWD_CHUNK_BYTES: usize = 64 << 10;
+const PIPELINE_BWD_CHUNK_BYTES: usize = 32 << 10;
+/// The fewest bytes of `x` a chunk may have (the workspace holds the partials of chunks
+/// that small).
 const PIPELINE_MIN_CHUNK_BYTES: usize = 4 << 10;
 /// Tasks between the end of a feature's stats and the start of its apply, in grids: at
 /// least one grid of tasks, so that the stats are done (and finalized) by the time the
@@ -1059,8 +1066,8 @@ const PIPELINE_AHEAD_GRIDS: f64 = 1.25;
 
 /// `OXIDNN_BN_PIPELINE=0` never takes the pipelined training kernels, `=1` takes them for
 /// every rows problem they can run (for measurements and for testing both paths);
-/// `OXIDNN_BN_PIPELINE_CHUNK` (bytes, 4096 to 65536) and `OXIDNN_BN_PIPELINE_AHEAD` (grids)
-/// override its chunk and lookahead, for measurements.
+/// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536) and
+/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, for measurements.
 fn pipelined_forced() -> Option<bool> {
     match std::env::var("OXIDNN_BN_PIPELINE").as_deref() {
         Ok("0") => Some(false),
@@ -1069,13 +1076,16 @@ fn pipelined_forced() -> Option<bool> {
     }
 }
 
-fn pipelined_chunk_bytes() -> usize {
+/// Bytes of input a pipelined task of `pass` reads.
+fn pipelined_chunk_bytes(pass: Pass) -> usize {
+    let default = match pass {
+        Pass::Backward => PIPELINE_BWD_CHUNK_BYTES,
+        _ => PIPELINE_FWD_CHUNK_BYTES,
+    };
     std::env::var("OXIDNN_BN_PIPELINE_CHUNK")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .map_or(PIPELINE_CHUNK_BYTES, |b| {
-            b.clamp(PIPELINE_MIN_CHUNK_BYTES, 64 << 10)
-        })
+        .map_or(default, |b| b.clamp(PIPELINE_MIN_CHUNK_BYTES, 64 << 10))
 }
 
 fn pipelined_ahead_grids() -> f64 {
@@ -1119,7 +1129,7 @@ fn pipelined_split(
 
 /// The pipelined training pass of a rows problem ([`BatchNormPipelinedParams`]): its
 /// kernel, a cooperative grid of as many blocks as fit the GPU at once, chunks of
-/// [`PIPELINE_CHUNK_BYTES`] of input and the lookahead.
+/// [`PIPELINE_FWD_CHUNK_BYTES`] or [`PIPELINE_BWD_CHUNK_BYTES`] of input and the lookahead.
 struct PipelinedPlan {
     kernel: &'static str,
     config: LaunchConfig,
@@ -1128,17 +1138,21 @@ struct PipelinedPlan {
 }
 
 impl PipelinedPlan {
-    /// The plan for `plan`'s problem where it takes the pipelined kernel: rows mapping,
-    /// `x` of [`PIPELINE_MIN_BYTES`] or more (or `OXIDNN_BN_PIPELINE=1`), a counter word
-    /// for each feature.
+    /// The plan for `plan`'s problem where it takes the pipelined kernel: rows mapping, a
+    /// counter word for each feature, and `x` of [`PIPELINE_MIN_BYTES`] or more, the
+    /// plain forward or the backward (or wherever `OXIDNN_BN_PIPELINE=1`). The forward of
+    /// any other epilogue (add, relu and its mask, blends: 80 registers, three blocks an
+    /// SM) measured 6-8% slower than three launches (H100, f32 NCHW N = 32, 64x112x112
+    /// and 256x56x56, 32 and 64 KB chunks), so it runs only when forced.
     fn of(gpu: &Gpu, dtype: DataType, plan: &Plan) -> Result<Option<Self>> {
-        let forced = pipelined_forced();
         let features = plan.geo.features;
-        if plan.cols || forced == Some(false) || features >= COUNTER_WORDS {
-            return Ok(None);
-        }
         let bytes = features as usize * plan.geo.red_len as usize * dtype.size_bytes();
-        if forced.is_none() && bytes < PIPELINE_MIN_BYTES {
+        let chosen = match (pipelined_forced(), plan.pass) {
+            (Some(on), _) => on,
+            (None, Pass::Forward | Pass::ForwardMasked) => false,
+            (None, Pass::ForwardPlain | Pass::Backward) => bytes >= PIPELINE_MIN_BYTES,
+        };
+        if plan.cols || features >= COUNTER_WORDS || !chosen {
             return Ok(None);
         }
         let kernel = match plan.pass {
@@ -1150,7 +1164,7 @@ impl PipelinedPlan {
         let (per_sm, threads) = best_block(gpu, kernel, 0)?;
         let blocks = per_sm as u32 * gpu.sm_count;
         let inputs = if plan.pass == Pass::Backward { 2 } else { 1 };
-        let chunk_bytes = (pipelined_chunk_bytes() / inputs).max(PIPELINE_MIN_CHUNK_BYTES);
+        let chunk_bytes = (pipelined_chunk_bytes(plan.pass) / inputs).max(PIPELINE_MIN_CHUNK_BYTES);
         let split = pipelined_split(
             plan.geo,
             dtype.size_bytes(),
@@ -2266,7 +2280,7 @@ mod tests {
                 let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
                 assert!(!plan.cols);
                 let bound = pipelined_chunks_bound(mode, &x);
-                for chunk_bytes in [PIPELINE_MIN_CHUNK_BYTES, PIPELINE_CHUNK_BYTES, 64 << 10] {
+                for chunk_bytes in [PIPELINE_MIN_CHUNK_BYTES, PIPELINE_BWD_CHUNK_BYTES, 64 << 10] {
                     for (blocks, ahead) in [(528, PIPELINE_AHEAD_GRIDS), (1056, 2.0), (1, 0.0)] {
                         let split =
                             pipelined_split(plan.geo, dt.size_bytes(), blocks, chunk_bytes, ahead);
@@ -2287,10 +2301,14 @@ mod tests {
                         );
                     }
                 }
-                assert!(
-                    pipelined_split(plan.geo, dt.size_bytes(), 0, PIPELINE_CHUNK_BYTES, 1.0)
-                        .is_none()
-                );
+                assert!(pipelined_split(
+                    plan.geo,
+                    dt.size_bytes(),
+                    0,
+                    PIPELINE_FWD_CHUNK_BYTES,
+                    1.0
+                )
+                .is_none());
             }
         }
     }
