@@ -5,7 +5,7 @@
 use crate::buffer::{Buffer, Memory};
 use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use oxidnn_params::BARRIER_GROUPS;
+use oxidnn_params::{BARRIER_GROUPS, COUNTER_WORDS};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -82,6 +82,10 @@ pub(crate) struct Gpu {
     /// word per group of [`BARRIER_GROUPS`], zeroed when allocated (on first use); every
     /// such launch leaves them ready for the next, and the stream orders the launches.
     grid_barrier: Mutex<Option<CudaSlice<u32>>>,
+    /// The kernels' counter state: [`COUNTER_WORDS`] words, zeroed when allocated (on
+    /// first use); every launch that counts in them leaves them 0 again, and the stream
+    /// orders the launches.
+    counters: Mutex<Option<CudaSlice<u32>>>,
     /// Compute capability, (major, minor).
     pub(crate) compute_capability: (u32, u32),
     pub(crate) name: String,
@@ -171,6 +175,7 @@ impl Gpu {
             shared_per_block_optin,
             shared_reserved_per_block,
             grid_barrier: Mutex::new(None),
+            counters: Mutex::new(None),
             compute_capability,
             name,
         })
@@ -351,16 +356,27 @@ impl Gpu {
     /// The device address of the barrier state (see the field): group `g`'s word at `g`,
     /// the grid's the first.
     pub(crate) fn grid_barrier(&self) -> Result<u64> {
-        let mut state = self.grid_barrier.lock().unwrap_or_else(|p| p.into_inner());
+        self.zeroed_words(&self.grid_barrier, BARRIER_GROUPS)
+    }
+
+    /// The device address of the counter state (see the field): [`COUNTER_WORDS`] words,
+    /// each 0 whenever no launch that uses it is running.
+    pub(crate) fn counters(&self) -> Result<u64> {
+        self.zeroed_words(&self.counters, COUNTER_WORDS)
+    }
+
+    /// The device address of `state`'s `words` words, allocated zeroed on first use.
+    fn zeroed_words(&self, state: &Mutex<Option<CudaSlice<u32>>>, words: u32) -> Result<u64> {
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         if state.is_none() {
             let zeroed = self
                 .stream
-                .alloc_zeros::<u32>(BARRIER_GROUPS as usize)
+                .alloc_zeros::<u32>(words as usize)
                 .map_err(|e| Error::driver("cuMemAllocAsync", e))?;
             *state = Some(zeroed);
         }
-        let words = state.as_ref().expect("allocated above");
-        let address = words.device_ptr(&self.stream).0;
+        let slice = state.as_ref().expect("allocated above");
+        let address = slice.device_ptr(&self.stream).0;
         Ok(address)
     }
 

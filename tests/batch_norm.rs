@@ -1045,6 +1045,33 @@ fn gpu_resident_training_over_an_odd_row_count() {
     });
 }
 
+/// NCHW training over tensors larger than L2 (40 MiB and more) runs as one cooperative
+/// launch whose blocks take each channel's statistics, finalize it and apply it a few
+/// channels later, while the channel is still in L2: the plain forward, and the backward
+/// (saved statistics) plain, with add + relu (reading the relu mask) and with blended
+/// outputs, on one handle, so each launch finds the counters the one before left (the
+/// fused forwards run three launches). Here f32 in 16-byte vectors (14x64x112x112, 45 MB).
+/// (`OXIDNN_BN_PIPELINE=1` runs the whole suite's NCHW training on the pipelined kernels,
+/// the fused forward's too, `=0` on the three launches.)
+#[test]
+fn gpu_pipelined_training_of_channels_larger_than_l2() {
+    with_gpu("gpu_pipelined_training_of_channels_larger_than_l2", |h| {
+        let x = TensorDescriptor::nchw(DataType::F32, 14, 64, 112, 112).unwrap();
+        check_training_plain_and_fused(h, &Problem::dense(BatchNormMode::Spatial, x), 41);
+    });
+}
+
+/// The pipelined training over an odd plane (8x48x163x167 f32, 42 MB), read element by
+/// element: chunks cross the planes' ends and the relu mask's words are shared between
+/// channels. (Its own test, beside the other: each CPU reference takes seconds.)
+#[test]
+fn gpu_pipelined_training_over_an_odd_plane() {
+    with_gpu("gpu_pipelined_training_over_an_odd_plane", |h| {
+        let x = TensorDescriptor::nchw(DataType::F32, 8, 48, 163, 167).unwrap();
+        check_training_plain_and_fused(h, &Problem::dense(BatchNormMode::Spatial, x), 43);
+    });
+}
+
 /// Per-activation mode on 4-D and 5-D tensors in both layouts.
 #[test]
 fn gpu_per_activation_mode_in_every_layout() {

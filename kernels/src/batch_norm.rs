@@ -31,6 +31,14 @@
 //!   also write the relu mask; `batch_norm_fwd_staged_masked_unrolled_rows_f32` keeps
 //!   several loads of the residual `z` in flight, for more registers.
 //!
+//! * `batch_norm_{fwd,bwd}_pipelined_rows_<dtype>` (and `fwd_pipelined_plain_rows`): the
+//!   whole training pass of a rows problem larger than L2 in one cooperative launch (see
+//!   `oxidnn_params::BatchNormPipelinedParams`): tasks of a chunk each, every feature's
+//!   stats, then its finalize by the block that completes them, then a few features later
+//!   its apply, which finds most of the feature's inputs still in L2, so they are read
+//!   from memory about once. Blocks wait only on tasks before theirs, counted in the
+//!   handle's counter state.
+//!
 //! * `batch_norm_{fwd,bwd}_resident_cols_<dtype>`: the whole training pass of a cols
 //!   problem with 16-byte vectors in one cooperative launch (see
 //!   `oxidnn_params::BatchNormResidentParams`): the stats kernel's blocks, each keeping its
@@ -64,18 +72,19 @@
 
 use crate::activation::{blend, forward as activation};
 use crate::device::{
-    self, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca, cp_async_commit,
-    cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x, group_barrier, lane_id,
-    ld_shared_u32, ld_shared_v2, ld_shared_v4, ld_shared_words, shfl_xor_f32, shfl_xor_f64, sqrt,
-    sqrt_f64, st_shared_v4, st_shared_words, sync_threads_divergent, thread_idx_x, warp_id,
-    SharedF32, Vec16,
+    self, atomic_add_u32, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca,
+    cp_async_commit, cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x,
+    group_barrier, lane_id, ld_acquire_u32, ld_shared_u32, ld_shared_v2, ld_shared_v4,
+    ld_shared_words, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, st_shared_u32, st_shared_v4,
+    st_shared_words, sync_threads_divergent, thread_fence, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormResidentParams,
-    BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams,
+    BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES,
 };
 
 /// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
@@ -2469,6 +2478,225 @@ unsafe fn bwd_resident_cols<T: Element, const KV: usize>(
 }
 
 // ---------------------------------------------------------------------------------------
+// Pipelined training passes (one cooperative launch, rows mapping)
+// ---------------------------------------------------------------------------------------
+
+/// A task of a pipelined pass: chunk `chunk` of feature `f`, its stats or its apply.
+#[derive(Clone, Copy)]
+struct Task {
+    apply: bool,
+    f: u32,
+    chunk: u32,
+}
+
+/// Task `t` of the pipelined order ([`BatchNormPipelinedParams`]) over `features` features
+/// of `chunks` chunks with the stats `lookahead` features ahead: `2 * features` units of
+/// `chunks` tasks, the stats of features `0 .. lookahead`, then stats of `lookahead + k`
+/// and apply of `k` in turn, then the applies of the last `lookahead` features.
+#[inline(always)]
+fn pipelined_task(t: u32, features: u32, chunks: u32, lookahead: u32) -> Task {
+    let (unit, chunk) = (t / chunks, t % chunks);
+    let paired = 2 * (features - lookahead);
+    let (apply, f) = match unit.checked_sub(lookahead) {
+        None => (false, unit),
+        Some(k) if k < paired && k % 2 == 0 => (false, lookahead + k / 2),
+        Some(k) if k < paired => (true, k / 2),
+        Some(k) => (true, features - lookahead + (k - paired)),
+    };
+    Task { apply, f, chunk }
+}
+
+/// The task loop of a pipelined training pass ([`BatchNormPipelinedParams`]): the block's
+/// tasks in order. A stats task's block total, `stats(work)` (every thread of the block
+/// calls it), becomes its partial and is counted in its feature's word; the block whose
+/// task completes a feature has its warp 0 call `finish(f)` (the whole warp, over the
+/// feature's partials; lane 0's coefficient is stored) and count once more. An apply task
+/// waits for that count, then calls `apply(work, f, coefficient)`. The last block done
+/// sets the counters back to 0.
+///
+/// # Safety
+/// As the pipelined entry points: a cooperative launch, `partials` and `coef` as the
+/// stats and finalize kernels', `counters` the handle's counter state.
+#[inline(always)]
+unsafe fn pipelined_rows(
+    g: &BatchNormGeometry,
+    lookahead: u32,
+    (partials, coef, counters): (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
+    stats: impl Fn(&Work) -> Acc<1>,
+    finish: impl Fn(u32) -> BatchNormCoef,
+    apply: impl Fn(&Work, u32, [f32; 4]),
+) {
+    let (features, chunks) = (g.features, g.chunks);
+    // Feature f's count: its completed stats tasks, plus one once it is finalized.
+    let count = |f: u32| counters.add(1 + f as usize);
+    let finalized = chunks + 1;
+    // Slot 0: whether this block's stats task completed its feature; slot 1: whether the
+    // block is the last one done. Each written by thread 0 between two barriers.
+    let flags = crate::shared_f32!(16).base;
+    let tasks = 2 * features * chunks;
+    let mut t = block_idx_x();
+    while t < tasks {
+        let task = pipelined_task(t, features, chunks, lookahead);
+        let w = rows_work(g, task.f * chunks + task.chunk);
+        if task.apply {
+            if thread_idx_x() == 0 {
+                // SAFETY: the feature's word of the counter state; its stats tasks come
+                // before this task in every block's order, so they run (the blocks are
+                // resident at once) and the block that finalizes it counts to `finalized`.
+                while ld_acquire_u32(count(task.f)) != finalized {}
+                // Acquires the finalizing block's coefficient for the whole block (the
+                // barrier below).
+                thread_fence();
+            }
+            sync_threads_divergent();
+            apply(&w, task.f, coef_of(coef, task.f));
+        } else {
+            let total = stats(&w);
+            if thread_idx_x() == 0 {
+                let at = task.chunk * features + task.f;
+                write_partial(partials, at, total.n, total.a[0], total.b[0]);
+                // Releases the partial before the count; the last count acquires every
+                // other block's partial of the feature (read by warp 0 below).
+                thread_fence();
+                let last = atomic_add_u32(count(task.f), 1) == chunks - 1;
+                thread_fence();
+                // SAFETY: slot 0 of `flags`; the barriers of the next stats task's
+                // reduction keep the next write behind this task's reads.
+                st_shared_u32(flags, last as u32);
+            }
+            sync_threads_divergent();
+            if ld_shared_u32(flags) != 0 && warp_id() == 0 {
+                let c = finish(task.f);
+                if lane_id() == 0 {
+                    *coef.add(task.f as usize) = c;
+                    thread_fence();
+                    atomic_add_u32(count(task.f), 1);
+                }
+            }
+        }
+        t += grid_dim_x();
+    }
+    // Every block counts itself done once it no longer touches the counters (thread 0,
+    // which made the block's counts, after them); the last one zeroes them all.
+    sync_threads_divergent();
+    if thread_idx_x() == 0 {
+        thread_fence();
+        let last = atomic_add_u32(counters, 1) == grid_dim_x() - 1;
+        // SAFETY: slot 1 of `flags`, read after the barrier below.
+        st_shared_u32(flags + 4, last as u32);
+    }
+    sync_threads_divergent();
+    if ld_shared_u32(flags + 4) != 0 {
+        let mut i = thread_idx_x();
+        while i <= features {
+            // SAFETY: words 0 ..= features of the counter state; no other block touches
+            // them any more in this launch.
+            *counters.add(i as usize) = 0;
+            i += block_dim_x();
+        }
+    }
+}
+
+/// The forward training pass of a rows problem in one cooperative launch
+/// ([`pipelined_rows`]): each feature's moments, finalized as the finalize kernel does,
+/// then its apply, which finds most of the feature's `x` still in L2.
+///
+/// # Safety
+/// As `batch_norm_fwd_pipelined_rows_*`.
+#[inline(always)]
+unsafe fn fwd_pipelined_rows<T: Element, const KV: usize>(
+    p: &BatchNormPipelinedParams,
+    io: FwdIo<T>,
+    out: &FwdStatsOut,
+    sync: (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
+) {
+    let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
+    let g = &ap.geo;
+    pipelined_rows(
+        g,
+        p.lookahead,
+        sync,
+        #[inline(always)]
+        |w| fwd_moments_rows::<T, KV>(g, io.x, w),
+        #[inline(always)]
+        |f| {
+            let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_moments);
+            fwd_feature(fp, f, t, out, lane_id() == 0)
+        },
+        #[inline(always)]
+        |w, f, c| {
+            let c = [[c[0], c[2], c[3]]; KV];
+            let load_x = x_from_memory::<T, KV>(io);
+            let base = g.feat.offsets(f);
+            fwd_apply::<T, KV, FWD_UNROLL>(
+                ap,
+                io,
+                w.range(),
+                0,
+                base,
+                vector_start::<KV>,
+                &c,
+                load_x,
+            );
+        },
+    );
+}
+
+/// The backward training pass of a rows problem in one cooperative launch
+/// ([`pipelined_rows`]), with the saved statistics: each feature's gradient sums,
+/// finalized as the finalize kernel does (`dscale`, `dbias`), then its apply, which finds
+/// most of the feature's `x` and `dy` still in L2.
+///
+/// # Safety
+/// As `batch_norm_bwd_pipelined_rows_*`.
+#[inline(always)]
+unsafe fn bwd_pipelined_rows<T: Element, const KV: usize>(
+    p: &BatchNormPipelinedParams,
+    io: BwdIo<T>,
+    out: &BwdStatsOut,
+    sync: (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
+) {
+    let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
+    let g = &ap.geo;
+    // The relu mask of the apply flags; the mean from the saved statistics.
+    let sp = BatchNormStatsParams {
+        geo: *g,
+        flags: ap.flags & bn_flags::RELU,
+        _pad: 0,
+        relu_mask: ap.relu_mask,
+    };
+    pipelined_rows(
+        g,
+        p.lookahead,
+        sync,
+        // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
+        // STATS_IN_WORKSPACE): run-time pointers, as in `bwd_fused_rows`.
+        #[inline(always)]
+        |w| bwd_sums_rows::<T, KV>(&sp, io.x, io.y, io.dy, io.dz, out.stats, out.saved_mean, w),
+        #[inline(always)]
+        |f| {
+            let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_sums);
+            bwd_feature(fp, f, t, out, lane_id() == 0)
+        },
+        #[inline(always)]
+        |w, f, c| {
+            let load = bwd_from_memory::<T, KV>(ap, io);
+            let base = g.feat.offsets(f);
+            bwd_apply::<T, KV, BWD_UNROLL>(
+                ap,
+                io,
+                w.range(),
+                0,
+                base,
+                vector_start::<KV>,
+                &[c; KV],
+                load,
+            );
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------------
 
@@ -2746,6 +2974,74 @@ macro_rules! batch_norm_resident_entry_points {
 }
 
 crate::for_each_dtype!(batch_norm_resident_entry_points);
+
+/// A pipelined forward's entry point of dtype `$T` for `$epilogues`, with the relu mask
+/// of the parameters if `$masked`, else a null constant (the mask's code folds away).
+#[rustfmt::skip]
+macro_rules! fwd_pipelined_entry_point {
+    ($T:ty, $name:ident, $epilogues:expr, $doc:literal, $masked:literal) => {
+        /// # Safety
+        /// The pointers of the forward stats, finalize and apply kernels together (`z`
+        /// with `ADD`; `partials` holds `chunks * features` entries, `coef` `features`);
+        /// `counters` is the handle's counter state, words `0 ..= features` of it 0 and
+        /// used by no concurrent launch. A cooperative launch of blocks of at most
+        /// `BN_BLOCK_THREADS`; rows mapping.
+        #[doc = $doc]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            p: BatchNormPipelinedParams, x: *const $T, z: *const $T, y: *mut $T,
+            scale: *const f32, bias: *const f32, running_mean: *mut f32,
+            running_var: *mut f32, saved_mean: *mut f32, saved_inv_std: *mut f32,
+            partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, counters: *mut u32,
+        ) {
+            let mask = if $masked { p.fused.apply.relu_mask as *mut u32 } else { core::ptr::null_mut() };
+            let io = FwdIo { x, z, y, mask };
+            let out = FwdStatsOut { scale, bias, running_mean, running_var, saved_mean, saved_inv_std };
+            let mut p = p;
+            if $epilogues == Epilogues::Plain {
+                p.fused.apply = with_plain_epilogue(&p.fused.apply);
+            }
+            let sync = (partials, coef, counters);
+            by_width!($T, p.fused.apply.geo.vector, fwd_pipelined_rows(&p, io, &out, sync))
+        }
+    };
+}
+
+macro_rules! batch_norm_pipelined_entry_points {
+    ($dt:ident, $T:ty) => {
+        paste::paste! {
+            fwd_pipelined_entry_point!($T, [<batch_norm_fwd_pipelined_rows_ $dt>], Epilogues::Any,
+                "Any epilogue; with `RELU`, writes the relu mask where `p.fused.apply.relu_mask` \
+is not 0 (a bit per element of `x`'s span, 4-byte aligned).", true);
+            fwd_pipelined_entry_point!($T, [<batch_norm_fwd_pipelined_plain_rows_ $dt>],
+                Epilogues::Plain, "The plain epilogue alone (`alpha = 1`, `beta = 0`, no `ADD`, \
+no `RELU`; the flags and the blend factors are not read).", false);
+
+            /// # Safety
+            /// The pointers of the backward stats, finalize and apply kernels together
+            /// (statistics from `saved_mean`, `saved_inv_std`; `y` with `RELU` where
+            /// `p.fused.apply.relu_mask` is 0, `dz` with `ADD`; `partials` holds `chunks *
+            /// features` entries, `coef` `features`); `counters` as for the forward. A
+            /// cooperative launch of blocks of at most `BN_BLOCK_THREADS`; rows mapping.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_pipelined_rows_ $dt>](
+                p: BatchNormPipelinedParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
+                saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
+                partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, counters: *mut u32,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.fused.apply.relu_mask as *const u32 };
+                // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
+                let stats = saved_mean as *const BatchNormCoef;
+                let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
+                let sync = (partials, coef, counters);
+                by_width!($T, p.fused.apply.geo.vector, bwd_pipelined_rows(&p, io, &out, sync))
+            }
+        }
+    };
+}
+
+crate::for_each_dtype!(batch_norm_pipelined_entry_points);
 
 /// # Safety
 /// `partials` holds `chunks * features` entries of a forward stats pass; `coef` holds

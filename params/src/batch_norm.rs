@@ -228,6 +228,36 @@ pub struct BatchNormResidentParams {
     pub _pad: [u32; 2],
 }
 
+/// Parameters of `batch_norm_{fwd,bwd}_pipelined_rows_*` (and `fwd_pipelined_plain_rows`):
+/// a training pass of a rows problem too large for L2 in one cooperative launch that reads
+/// its inputs from memory about once, the apply of each feature following its statistics
+/// closely enough to find the feature's data still in L2.
+///
+/// The work is `2 * features * chunks` tasks of one block each (geometry `fused.apply.geo`:
+/// `chunks` chunks of `chunk_len` vectors a feature), in this order: the stats tasks of
+/// features `0 .. lookahead`, then those of feature `lookahead + k` and the apply tasks of
+/// feature `k` in turn, then the apply tasks of the last `lookahead` features. Block `b`
+/// of the grid takes tasks `b, b + grid, ..` in that order. A stats task leaves its
+/// partial (as the stats kernels) and counts itself in its feature's word of the counter
+/// state; the block whose task completes a feature finalizes it (the finalize kernels'
+/// formulas on `fused.finalize`, in the same fixed order), writes its coefficient to
+/// `coef` and counts once more. An apply task waits for that last count, then applies
+/// the feature's coefficient to its chunk as the apply kernels would. The backward takes
+/// the saved statistics.
+///
+/// Counter state (the handle's, [`crate::COUNTER_WORDS`] words, 0 when the launch
+/// starts): word 0 counts the blocks that are done, words `1 ..= features` the features'
+/// counts; the last block done sets them back to 0. Every task waits only on tasks before
+/// it in the order, which blocks resident at once reach first: the launch is cooperative.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchNormPipelinedParams {
+    pub fused: BatchNormFusedParams,
+    /// Features whose stats run ahead of the first apply (at least 1, at most `features`).
+    pub lookahead: u32,
+    pub _pad: [u32; 3],
+}
+
 /// A chunk's partial statistics of one feature, as the workspace holds them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -21,9 +21,9 @@ mod softmax;
 
 pub use batch_norm::{
     bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormResidentParams,
-    BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
-    BN_FINALIZE_THREADS_PER_FEATURE,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams,
+    BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
     conv_igemm_async_shared_bytes, conv_igemm_async_table_bytes, conv_igemm_async_thread_tile,
@@ -79,6 +79,11 @@ pub const MAX_DIMS: usize = 8;
 /// (`device::group_barrier`): the handle's barrier state holds a `u32` for each, the
 /// first also the whole grid's.
 pub const BARRIER_GROUPS: u32 = 1024;
+
+/// Words of the handle's counter state: `u32`s, zeroed when allocated, that a launch may
+/// count in as long as it leaves every word it used at 0 again (the next launch in stream
+/// order relies on it). Kernels that use it say which words.
+pub const COUNTER_WORDS: u32 = 4096;
 
 /// Threads per block of every elementwise and reduction kernel.
 pub const BLOCK_THREADS: u32 = 256;

@@ -14,7 +14,11 @@
 //! shape and device) without atomics. Statistics are Welford/Chan moments, accumulated in
 //! f32 and combined across chunks in f64. Where one chunk per feature fills the GPU (NCHW
 //! with many channels of short reductions), a block per feature reduces, finalizes and
-//! normalizes its feature in a single launch. Channels-last problems run as one
+//! normalizes its feature in a single launch. Over channels-first tensors larger than L2,
+//! the plain forward and the backward (with saved statistics) run as one cooperative
+//! launch that takes each channel's statistics and applies them a few channels later,
+//! while the channel's data is still in L2 (read from memory about once). Channels-last
+//! problems run as one
 //! cooperative launch that keeps as much of the data in shared memory as fits (read from
 //! memory once), where that is at least a fifth of it (`docs/batch-norm-notes.md`).
 //!
@@ -57,8 +61,9 @@ use crate::reference::batch_norm as reference;
 use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
     bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormFusedParams,
-    BatchNormGeometry, BatchNormPartial, BatchNormResidentParams, BatchNormStatsParams,
-    BARRIER_GROUPS, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams, BatchNormResidentParams,
+    BatchNormStatsParams, BARRIER_GROUPS, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES,
+    BN_FINALIZE_THREADS_PER_FEATURE, COUNTER_WORDS,
 };
 
 /// The smallest epsilon cuDNN 9 accepts (`CUDNN_BN_MIN_EPSILON`, `cudnn_ops.h`: 0.0).
@@ -880,9 +885,12 @@ fn workspace_layout(
     backward: bool,
 ) -> WorkspaceLayout {
     let f = x_desc.element_count() / reduction_len(mode, x_desc);
-    let chunks = occ
+    let mut chunks = occ
         .stats_chunks(mode, x_desc)
         .max(occ.resident_chunks(mode, x_desc));
+    if !use_cols(mode, x_desc) {
+        chunks = chunks.max(pipelined_chunks_bound(mode, x_desc));
+    }
     let partials = chunks * f * size_of::<BatchNormPartial>();
     let coef_bytes = f * size_of::<BatchNormCoef>();
     WorkspaceLayout {
@@ -1034,6 +1042,168 @@ fn plan_problem(
             masked: occ.pass == Pass::ForwardMasked,
         },
     })
+}
+
+/// Bytes of `x` from which a rows training pass takes the pipelined kernel: below them the
+/// three launches' apply finds most of its inputs still in L2 (the H100's holds 50 MB).
+const PIPELINE_MIN_BYTES: usize = 40 << 20;
+/// Bytes of input a pipelined task reads: the forward's of `x`, the backward's of `x` and
+/// `dy` together. Each task costs its block a few microseconds of bookkeeping (the
+/// reduction, the counts and their fences, the wait for the coefficient), so small tasks
+/// lose: H100, f32 NCHW N = 32, forward 64x112x112 at 16 / 32 / 64 KB 191 / 125 / 121 µs
+/// (three launches 129), backward at 16 / 32 / 64 KB of input 203 / 173 / 180 µs (three
+/// launches 192); 256x56x56 likewise.
+const PIPELINE_FWD_CHUNK_BYTES: usize = 64 << 10;
+const PIPELINE_BWD_CHUNK_BYTES: usize = 32 << 10;
+/// The fewest bytes of `x` a chunk may have (the workspace holds the partials of chunks
+/// that small).
+const PIPELINE_MIN_CHUNK_BYTES: usize = 4 << 10;
+/// Tasks between the end of a feature's stats and the start of its apply, in grids: at
+/// least one grid of tasks, so that the stats are done (and finalized) by the time the
+/// first block reaches the apply; the tasks between are the reuse distance of `x` in L2
+/// (their stats read new data and their applies write `y`).
+const PIPELINE_AHEAD_GRIDS: f64 = 1.25;
+
+/// `OXIDNN_BN_PIPELINE=0` never takes the pipelined training kernels, `=1` takes them for
+/// every rows problem they can run (for measurements and for testing both paths);
+/// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536) and
+/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, for measurements.
+fn pipelined_forced() -> Option<bool> {
+    match std::env::var("OXIDNN_BN_PIPELINE").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
+/// Bytes of input a pipelined task of `pass` reads.
+fn pipelined_chunk_bytes(pass: Pass) -> usize {
+    let default = match pass {
+        Pass::Backward => PIPELINE_BWD_CHUNK_BYTES,
+        _ => PIPELINE_FWD_CHUNK_BYTES,
+    };
+    std::env::var("OXIDNN_BN_PIPELINE_CHUNK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(default, |b| b.clamp(PIPELINE_MIN_CHUNK_BYTES, 64 << 10))
+}
+
+fn pipelined_ahead_grids() -> f64 {
+    std::env::var("OXIDNN_BN_PIPELINE_AHEAD")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|a| a.is_finite() && *a >= 0.0)
+        .unwrap_or(PIPELINE_AHEAD_GRIDS)
+}
+
+/// Chunks per feature a pipelined pass over `x_desc` takes at most (with the smallest
+/// chunk), for the workspace's partials: it depends on the descriptor alone.
+fn pipelined_chunks_bound(mode: BatchNormMode, x_desc: &TensorDescriptor) -> usize {
+    let chunk_elements = PIPELINE_MIN_CHUNK_BYTES / x_desc.dtype().size_bytes();
+    reduction_len(mode, x_desc).div_ceil(chunk_elements)
+}
+
+/// Rows geometry `geo` split for a pipelined pass over a grid of `blocks` (elements
+/// of `element_bytes`): chunks of `chunk_bytes` of `x`, and the lookahead (in features)
+/// that puts about `ahead` grids of tasks between a feature's stats and its apply. `None`
+/// where there is no grid or the tasks overflow the kernel's `u32` count.
+fn pipelined_split(
+    geo: BatchNormGeometry,
+    element_bytes: usize,
+    blocks: u32,
+    chunk_bytes: usize,
+    ahead: f64,
+) -> Option<(BatchNormGeometry, u32)> {
+    let mut geo = geo;
+    geo.chunk_len = (chunk_bytes / element_bytes / geo.vector as usize).max(1) as u32;
+    geo.chunks = geo.vectors.div_ceil(geo.chunk_len);
+    let tasks = 2 * geo.features as u64 * geo.chunks as u64;
+    if blocks == 0 || tasks > i32::MAX as u64 {
+        return None;
+    }
+    // After the first features, `2 * lookahead * chunks` tasks lie between the last stats
+    // task of a feature and its first apply task.
+    let lookahead = (blocks as f64 * ahead / (2 * geo.chunks) as f64).ceil();
+    Some((geo, (lookahead as u32).clamp(1, geo.features)))
+}
+
+/// The pipelined training pass of a rows problem ([`BatchNormPipelinedParams`]): its
+/// kernel, a cooperative grid of as many blocks as fit the GPU at once, chunks of
+/// [`PIPELINE_FWD_CHUNK_BYTES`] or [`PIPELINE_BWD_CHUNK_BYTES`] of input and the lookahead.
+struct PipelinedPlan {
+    kernel: &'static str,
+    config: LaunchConfig,
+    geo: BatchNormGeometry,
+    lookahead: u32,
+}
+
+impl PipelinedPlan {
+    /// The plan for `plan`'s problem where it takes the pipelined kernel: rows mapping, a
+    /// counter word for each feature, and `x` of [`PIPELINE_MIN_BYTES`] or more, the
+    /// plain forward or the backward (or wherever `OXIDNN_BN_PIPELINE=1`). The forward of
+    /// any other epilogue (add, relu and its mask, blends: 80 registers, three blocks an
+    /// SM) measured 6-8% slower than three launches (H100, f32 NCHW N = 32, 64x112x112
+    /// and 256x56x56, 32 and 64 KB chunks), so it runs only when forced.
+    fn of(gpu: &Gpu, dtype: DataType, plan: &Plan) -> Result<Option<Self>> {
+        let features = plan.geo.features;
+        let bytes = features as usize * plan.geo.red_len as usize * dtype.size_bytes();
+        let chosen = match (pipelined_forced(), plan.pass) {
+            (Some(on), _) => on,
+            (None, Pass::Forward | Pass::ForwardMasked) => false,
+            (None, Pass::ForwardPlain | Pass::Backward) => bytes >= PIPELINE_MIN_BYTES,
+        };
+        if plan.cols || features >= COUNTER_WORDS || !chosen {
+            return Ok(None);
+        }
+        let kernel = match plan.pass {
+            Pass::ForwardPlain => kernels::batch_norm_fwd_pipelined_plain_rows(dtype),
+            Pass::Forward | Pass::ForwardMasked => kernels::batch_norm_fwd_pipelined_rows(dtype),
+            Pass::Backward => kernels::batch_norm_bwd_pipelined_rows(dtype),
+        }
+        .ok_or_else(|| unsupported_dtype(dtype))?;
+        let (per_sm, threads) = best_block(gpu, kernel, 0)?;
+        let blocks = per_sm as u32 * gpu.sm_count;
+        let inputs = if plan.pass == Pass::Backward { 2 } else { 1 };
+        let chunk_bytes = (pipelined_chunk_bytes(plan.pass) / inputs).max(PIPELINE_MIN_CHUNK_BYTES);
+        let split = pipelined_split(
+            plan.geo,
+            dtype.size_bytes(),
+            blocks,
+            chunk_bytes,
+            pipelined_ahead_grids(),
+        );
+        let Some((geo, lookahead)) = split else {
+            return Ok(None);
+        };
+        let config = LaunchConfig {
+            grid: blocks,
+            grid_y: 1,
+            block: threads,
+            shared_bytes: 0,
+        };
+        Ok(Some(Self {
+            kernel,
+            config,
+            geo,
+            lookahead,
+        }))
+    }
+
+    /// The kernel's parameters: the three-launch path's apply and finalize parameters on
+    /// this plan's geometry and chunks.
+    fn params(
+        &self,
+        mut apply: BatchNormApplyParams,
+        mut finalize: BatchNormFinalizeParams,
+    ) -> BatchNormPipelinedParams {
+        apply.geo = self.geo;
+        finalize.chunks = self.geo.chunks;
+        BatchNormPipelinedParams {
+            fused: BatchNormFusedParams { apply, finalize },
+            lookahead: self.lookahead,
+            _pad: [0; 3],
+        }
+    }
 }
 
 fn stats_kernel(cols: bool, dtype: DataType, forward: bool) -> Result<&'static str> {
@@ -1412,6 +1582,21 @@ pub fn batch_norm_forward_training(
                 // A staged launch has shared memory for the feature's vectors, of 4 bytes
                 // or more (`FusedPlan::forward`).
                 return unsafe { gpu.launch(kernel, config, &params, &one_launch) };
+            }
+            if let Some(pipelined) = PipelinedPlan::of(gpu, dtype, &plan)? {
+                let mut fp = plan.finalize_params(flags, bn.epsilon);
+                fp.factor = factor;
+                let ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
+                let params = pipelined.params(ap, fp);
+                let pointers = [&one_launch[..], &[partials, coef, gpu.counters()?]].concat();
+                // SAFETY: as for the stats, finalize and apply launches below together; the
+                // partials region holds pipelined_chunks_bound * features >= chunks *
+                // features entries (the chunks are at least PIPELINE_MIN_CHUNK_BYTES); the
+                // counter state has a word for each feature and one more, 0 between
+                // launches, which the handle's stream orders; the launch is cooperative.
+                return unsafe {
+                    gpu.launch_cooperative(pipelined.kernel, pipelined.config, &params, &pointers)
+                };
             }
             if let Some(resident) = plan_resident(gpu, (dtype, true), &plan, &occ, 16)? {
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
@@ -1807,6 +1992,25 @@ pub fn batch_norm_backward(
                     )
                 };
             }
+            // Saved statistics, rows mapping: the pipelined kernel where x is larger than L2.
+            let pipelined = match one_launch {
+                Some(_) => PipelinedPlan::of(gpu, dtype, &plan)?,
+                None => None,
+            };
+            if let (Some(one_launch), Some(pipelined)) = (one_launch, pipelined) {
+                let mut fp = plan.finalize_params(0, bn.epsilon);
+                fp.alpha = alpha_p;
+                fp.beta = beta_p;
+                let ap = apply_params(&plan, bn, alpha_d, beta_d, 0, relu_mask);
+                let params = pipelined.params(ap, fp);
+                let sync = [partials, bwd_coef, gpu.counters()?];
+                let pointers = [&one_launch[..], &sync].concat();
+                // SAFETY: as for the stats, finalize and apply launches below together, and
+                // as for the forward's pipelined launch.
+                return unsafe {
+                    gpu.launch_cooperative(pipelined.kernel, pipelined.config, &params, &pointers)
+                };
+            }
             // Saved statistics: the resident kernel where it keeps enough on chip (x and
             // the gradient reaching the normalization: dy, masked behind a relu; the
             // relu mask's word of each vector, which arrives with them).
@@ -2051,6 +2255,60 @@ mod tests {
                         assert!(covered - (plan.geo.chunk_len as usize) < units as usize);
                     }
                 }
+            }
+        }
+    }
+
+    /// The pipelined passes' chunks stay within the workspace's partials (whatever chunk
+    /// size it picks), cover each feature's vectors, and its lookahead puts at least the
+    /// asked-for grids of tasks between a feature's stats and its apply (or every feature
+    /// ahead, where there are too few).
+    #[test]
+    fn pipelined_chunks_fit_the_workspace_and_the_lookahead_covers_the_grid() {
+        let mode = BatchNormMode::Spatial;
+        for dims in [
+            [32usize, 64, 112, 112],
+            [32, 256, 56, 56],
+            [5, 7, 11, 13],
+            [2, 1, 3, 5],
+        ] {
+            for dt in [DataType::F32, DataType::F16] {
+                let [n, c, h, w] = dims;
+                let x = TensorDescriptor::nchw(dt, n, c, h, w).unwrap();
+                let p = derive_batch_norm_descriptor(&x, mode).unwrap();
+                let ops = fake_ops(&[(X, &x), (Y, &x)]);
+                let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
+                assert!(!plan.cols);
+                let bound = pipelined_chunks_bound(mode, &x);
+                for chunk_bytes in [PIPELINE_MIN_CHUNK_BYTES, PIPELINE_BWD_CHUNK_BYTES, 64 << 10] {
+                    for (blocks, ahead) in [(528, PIPELINE_AHEAD_GRIDS), (1056, 2.0), (1, 0.0)] {
+                        let split =
+                            pipelined_split(plan.geo, dt.size_bytes(), blocks, chunk_bytes, ahead);
+                        let (geo, lookahead) = split.unwrap();
+                        let what = format!("{x:?} {chunk_bytes} {blocks} {ahead}");
+                        assert!(geo.chunks as usize <= bound, "{what}");
+                        let covered = geo.chunks as usize * geo.chunk_len as usize;
+                        assert!(covered >= geo.vectors as usize, "{what}");
+                        assert!(
+                            covered - (geo.chunk_len as usize) < geo.vectors as usize,
+                            "{what}"
+                        );
+                        assert!((1..=geo.features).contains(&lookahead), "{what}");
+                        let between = 2.0 * lookahead as f64 * geo.chunks as f64;
+                        assert!(
+                            lookahead == geo.features || between >= ahead * blocks as f64,
+                            "{what}"
+                        );
+                    }
+                }
+                assert!(pipelined_split(
+                    plan.geo,
+                    dt.size_bytes(),
+                    0,
+                    PIPELINE_FWD_CHUNK_BYTES,
+                    1.0
+                )
+                .is_none());
             }
         }
     }
