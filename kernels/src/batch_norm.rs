@@ -72,20 +72,19 @@
 
 use crate::activation::{blend, forward as activation};
 use crate::device::{
-    self, atomic_add_acq_rel_u32, atomic_add_u32, block_dim_x, block_idx_x, block_reduce,
-    cp_async_16, cp_async_ca, cp_async_commit, cp_async_wait, dynamic_smem, global_thread_x,
-    grid_barrier, grid_dim_x, group_barrier, lane_id, ld_acquire_u32, ld_shared_u32, ld_shared_v2,
-    ld_shared_v4, ld_shared_words, nanosleep, red_add_release_u32, shfl_idx_u32, shfl_xor_f32,
-    shfl_xor_f64, sqrt, sqrt_f64, st_shared_u32, st_shared_v4, st_shared_words,
-    sync_threads_divergent, sync_warp, thread_fence, thread_idx_x, warp_id, SharedF32, Vec16,
+    self, atomic_add_u32, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca,
+    cp_async_commit, cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x,
+    group_barrier, lane_id, ld_acquire_u32, ld_shared_u32, ld_shared_v2, ld_shared_v4,
+    ld_shared_words, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, st_shared_u32, st_shared_v4,
+    st_shared_words, sync_threads_divergent, thread_fence, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
-    bn_flags, bn_pipeline_sync, ActivationKind, BatchNormApplyParams, BatchNormCoef,
-    BatchNormFinalizeParams, BatchNormFusedParams, BatchNormGeometry, BatchNormPartial,
-    BatchNormPipelinedParams, BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS,
-    BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES,
+    bn_flags, ActivationKind, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams,
+    BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES,
 };
 
 /// Loads in flight per thread: vectors of one operand (forward), or of each of the two or
@@ -2509,23 +2508,19 @@ fn pipelined_task(t: u32, features: u32, chunks: u32, lookahead: u32) -> Task {
 
 /// The task loop of a pipelined training pass ([`BatchNormPipelinedParams`]): the block's
 /// tasks in order. A stats task's block total, `stats(work)` (every thread of the block
-/// calls it), becomes its partial and is counted in its feature's word; if that count
-/// completes the feature, warp 0 calls `finish(f)` (the whole warp, over the feature's
-/// partials; lane 0's coefficient is stored) and counts once more. An apply task waits for
-/// that count, then calls `apply(work, f, coefficient)`. `sync` ([`bn_pipeline_sync`])
-/// says who counts (thread 0 while the block waits at a barrier, or warp 0 while the other
-/// warps go on) and who waits (thread 0 for the block, or each warp on its own). The last
-/// block done sets the counters back to 0.
+/// calls it), becomes its partial and is counted in its feature's word; the block whose
+/// task completes a feature has its warp 0 call `finish(f)` (the whole warp, over the
+/// feature's partials; lane 0's coefficient is stored) and count once more. An apply task
+/// waits for that count, then calls `apply(work, f, coefficient)`. The last block done
+/// sets the counters back to 0.
 ///
 /// # Safety
 /// As the pipelined entry points: a cooperative launch, `partials` and `coef` as the
-/// stats and finalize kernels', `counters` the handle's counter state. `apply` has no
-/// block barrier (with [`bn_pipeline_sync::WARP_WAITS`] its warps reach it at different
-/// times).
+/// stats and finalize kernels', `counters` the handle's counter state.
 #[inline(always)]
 unsafe fn pipelined_rows(
     g: &BatchNormGeometry,
-    (lookahead, sync): (u32, u32),
+    lookahead: u32,
     (partials, coef, counters): (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
     stats: impl Fn(&Work) -> Acc<1>,
     finish: impl Fn(u32) -> BatchNormCoef,
@@ -2535,69 +2530,51 @@ unsafe fn pipelined_rows(
     // Feature f's count: its completed stats tasks, plus one once it is finalized.
     let count = |f: u32| counters.add(1 + f as usize);
     let finalized = chunks + 1;
-    let backoff = sync & bn_pipeline_sync::BACKOFF != 0;
-    let dynamic = sync & bn_pipeline_sync::DYNAMIC != 0;
-    // The next task to take, with `DYNAMIC`.
-    let queue = counters.add(1 + features as usize);
-    // Slot 0: whether this block's stats task completed its feature (block counts); slot
-    // 1: whether the block is the last one done; slots 2 and 3: the block's next task
-    // (`DYNAMIC`; task k's in slot 2 + k % 2). Each written by thread 0 before a barrier
-    // that every reader passes first.
+    // Slot 0: whether this block's stats task completed its feature; slot 1: whether the
+    // block is the last one done. Each written by thread 0 between two barriers.
     let flags = crate::shared_f32!(16).base;
-    let next_slot = |k: u32| flags + 8 + 4 * (k & 1);
     let tasks = 2 * features * chunks;
     let mut t = block_idx_x();
-    if dynamic {
-        if thread_idx_x() == 0 {
-            // SAFETY: the queue word of the counter state (`features + 1 < COUNTER_WORDS`);
-            // slot 2 of `flags`, read after the barrier below.
-            st_shared_u32(next_slot(0), atomic_add_u32(queue, 1));
-        }
-        sync_threads_divergent();
-        t = ld_shared_u32(next_slot(0));
-    }
-    let mut k = 0;
     while t < tasks {
-        // With `DYNAMIC`, thread 0 takes the block's next task now and waits for the atomic
-        // only when it stores it, at the end of this task. Tasks are taken in order, so a
-        // task's block runs it (after its current task, which waits only on earlier ones).
-        // SAFETY: the queue word, as above.
-        let ahead = if dynamic && thread_idx_x() == 0 {
-            atomic_add_u32(queue, 1)
-        } else {
-            0
-        };
         let task = pipelined_task(t, features, chunks, lookahead);
         let w = rows_work(g, task.f * chunks + task.chunk);
-        // SAFETY (both arms): the feature's word of the counter state and its coefficient;
-        // its stats tasks come before this task in the order, so they run (the blocks are
-        // resident at once, and each runs its tasks in order) and the block that
-        // finalizes it counts to `finalized` after storing the coefficient, releasing it.
         if task.apply {
-            let (count, coef) = (count(task.f), coef.add(task.f as usize));
-            let c = if sync & bn_pipeline_sync::WARP_WAITS != 0 {
-                warp_await_coef(count, finalized, coef, backoff)
-            } else {
-                block_await_coef(count, finalized, coef, backoff)
-            };
-            apply(&w, task.f, c);
-        } else {
-            let sync_state = (partials, coef, counters);
-            pipelined_count(g, (task, &w), sync_state, (sync, flags), &stats, &finish);
-        }
-        t = if dynamic {
-            k += 1;
             if thread_idx_x() == 0 {
-                // SAFETY: slot 2 + k % 2, read after the barrier below; its previous
-                // readers read it after the barrier that ended task k - 2, before the one
-                // that ended task k - 1, which thread 0 has passed.
-                st_shared_u32(next_slot(k), ahead);
+                // SAFETY: the feature's word of the counter state; its stats tasks come
+                // before this task in every block's order, so they run (the blocks are
+                // resident at once) and the block that finalizes it counts to `finalized`.
+                while ld_acquire_u32(count(task.f)) != finalized {}
+                // Acquires the finalizing block's coefficient for the whole block (the
+                // barrier below).
+                thread_fence();
             }
             sync_threads_divergent();
-            ld_shared_u32(next_slot(k))
+            apply(&w, task.f, coef_of(coef, task.f));
         } else {
-            t + grid_dim_x()
-        };
+            let total = stats(&w);
+            if thread_idx_x() == 0 {
+                let at = task.chunk * features + task.f;
+                write_partial(partials, at, total.n, total.a[0], total.b[0]);
+                // Releases the partial before the count; the last count acquires every
+                // other block's partial of the feature (read by warp 0 below).
+                thread_fence();
+                let last = atomic_add_u32(count(task.f), 1) == chunks - 1;
+                thread_fence();
+                // SAFETY: slot 0 of `flags`; the barriers of the next stats task's
+                // reduction keep the next write behind this task's reads.
+                st_shared_u32(flags, last as u32);
+            }
+            sync_threads_divergent();
+            if ld_shared_u32(flags) != 0 && warp_id() == 0 {
+                let c = finish(task.f);
+                if lane_id() == 0 {
+                    *coef.add(task.f as usize) = c;
+                    thread_fence();
+                    atomic_add_u32(count(task.f), 1);
+                }
+            }
+        }
+        t += grid_dim_x();
     }
     // Every block counts itself done once it no longer touches the counters (thread 0,
     // which made the block's counts, after them); the last one zeroes them all.
@@ -2611,127 +2588,13 @@ unsafe fn pipelined_rows(
     sync_threads_divergent();
     if ld_shared_u32(flags + 4) != 0 {
         let mut i = thread_idx_x();
-        while i <= features + 1 {
-            // SAFETY: words 0 ..= features + 1 of the counter state; no other block touches
+        while i <= features {
+            // SAFETY: words 0 ..= features of the counter state; no other block touches
             // them any more in this launch.
             *counters.add(i as usize) = 0;
             i += block_dim_x();
         }
     }
-}
-
-/// A pipelined stats task (see [`pipelined_rows`]): the block's total of its chunk, its
-/// partial and count, and the feature's finalize if that count completes it.
-///
-/// # Safety
-/// As [`pipelined_rows`]; `flags` is its shared slots.
-#[inline(always)]
-unsafe fn pipelined_count(
-    g: &BatchNormGeometry,
-    (task, w): (Task, &Work),
-    (partials, coef, counters): (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
-    (sync, flags): (u32, u32),
-    stats: &impl Fn(&Work) -> Acc<1>,
-    finish: &impl Fn(u32) -> BatchNormCoef,
-) {
-    let (features, chunks) = (g.features, g.chunks);
-    let count = counters.add(1 + task.f as usize);
-    // Ends with a block barrier: every warp has the total, and each is past the
-    // reduction's shared memory before the next task's reduction writes it.
-    let total = stats(w);
-    let at = task.chunk * features + task.f;
-    // Lane 0 of warp 0 stores the partial and counts it: the atomic releases the
-    // partial with the count and, the last, acquires every other block's partial of
-    // the feature for the finalize.
-    let mut last = 0;
-    if thread_idx_x() == 0 {
-        write_partial(partials, at, total.n, total.a[0], total.b[0]);
-        last = (atomic_add_acq_rel_u32(count, 1) == chunks - 1) as u32;
-    }
-    let finalizes = if sync & bn_pipeline_sync::WARP_COUNTS != 0 {
-        // Warp 0 alone learns it, by a shuffle; the other warps go on.
-        warp_id() == 0 && shfl_idx_u32(last, 0) != 0
-    } else {
-        if thread_idx_x() == 0 {
-            // SAFETY: slot 0 of `flags`; the barriers of the next stats task's
-            // reduction keep the next write behind this task's reads.
-            st_shared_u32(flags, last);
-        }
-        sync_threads_divergent();
-        warp_id() == 0 && ld_shared_u32(flags) != 0
-    };
-    if finalizes {
-        // Lane 0 acquired the partials; the warp barrier passes them on to the other
-        // lanes, and each lane's fence keeps its loads off stale L1 lines.
-        sync_warp();
-        thread_fence();
-        let c = finish(task.f);
-        if lane_id() == 0 {
-            *coef.add(task.f as usize) = c;
-            red_add_release_u32(count, 1);
-        }
-    }
-}
-
-/// Waits until `count` reaches `finalized` with acquire loads, with `backoff` sleeping
-/// between looks (32 ns, doubling up to 1 µs).
-///
-/// # Safety
-/// `count` points into the counter state.
-#[inline(always)]
-unsafe fn await_count(count: *const u32, finalized: u32, backoff: bool) {
-    let mut pause = 32;
-    while ld_acquire_u32(count) != finalized {
-        if backoff {
-            nanosleep(pause);
-            pause = (2 * pause).min(1024);
-        }
-    }
-}
-
-/// A pipelined apply task's coefficient, once `count` reaches `finalized`, for the warp:
-/// its lane 0 waits ([`await_count`]), then loads the coefficient and passes it to the
-/// other lanes, so the only thread that reads it is the one that acquired it. The whole
-/// warp calls it, converged; no other warp waits.
-///
-/// # Safety
-/// `count` and `coef` point into the counter state and the coefficients; whoever makes
-/// `count` reach `finalized` stores `*coef` first and releases it with the count.
-#[inline(always)]
-unsafe fn warp_await_coef(
-    count: *const u32,
-    finalized: u32,
-    coef: *const BatchNormCoef,
-    backoff: bool,
-) -> [f32; 4] {
-    let mut c = [0; 4];
-    if lane_id() == 0 {
-        await_count(count, finalized, backoff);
-        c = device::ld_global_v4(coef as *const u32);
-    }
-    c.map(|word| f32::from_bits(shfl_idx_u32(word, 0)))
-}
-
-/// A pipelined apply task's coefficient, once `count` reaches `finalized`, for the block:
-/// thread 0 waits ([`await_count`]) and fences, the block meets it at a barrier, then
-/// every thread loads the coefficient. Every thread of the block calls it.
-///
-/// # Safety
-/// As [`warp_await_coef`].
-#[inline(always)]
-unsafe fn block_await_coef(
-    count: *const u32,
-    finalized: u32,
-    coef: *const BatchNormCoef,
-    backoff: bool,
-) -> [f32; 4] {
-    if thread_idx_x() == 0 {
-        await_count(count, finalized, backoff);
-        // Acquires the finalizing block's coefficient for the whole block (the barrier).
-        thread_fence();
-    }
-    sync_threads_divergent();
-    coef_of(coef, 0)
 }
 
 /// The forward training pass of a rows problem in one cooperative launch
@@ -2751,7 +2614,7 @@ unsafe fn fwd_pipelined_rows<T: Element, const KV: usize>(
     let g = &ap.geo;
     pipelined_rows(
         g,
-        (p.lookahead, p.sync),
+        p.lookahead,
         sync,
         #[inline(always)]
         |w| fwd_moments_rows::<T, KV>(g, io.x, w),
@@ -2804,7 +2667,7 @@ unsafe fn bwd_pipelined_rows<T: Element, const KV: usize>(
     };
     pipelined_rows(
         g,
-        (p.lookahead, p.sync),
+        p.lookahead,
         sync,
         // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
         // STATS_IN_WORKSPACE): run-time pointers, as in `bwd_fused_rows`.

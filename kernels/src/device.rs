@@ -1382,33 +1382,6 @@ pub unsafe fn atomic_add_u32(p: *mut u32, v: u32) -> u32 {
     old
 }
 
-/// `atomicAdd` on a global `u32` with acquire-release semantics at GPU scope; returns the
-/// old value. This thread's writes before it are visible to any thread that acquires a
-/// later value of `p`, and the writes released with earlier values are visible to this
-/// thread's accesses after it: a fence, an atomic and a fence in one instruction.
-///
-/// # Safety
-/// As [`atomic_add_u32`].
-#[inline(always)]
-pub unsafe fn atomic_add_acq_rel_u32(p: *mut u32, v: u32) -> u32 {
-    let old: u32;
-    asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], {v};", o = out(reg32) old,
-         p = in(reg64) p, v = in(reg32) v, options(nostack, preserves_flags));
-    old
-}
-
-/// `atomicAdd` on a global `u32` with release semantics at GPU scope, old value unused:
-/// this thread's writes before it are visible to any thread that acquires a value of `p`
-/// at least this one's result.
-///
-/// # Safety
-/// As [`atomic_add_u32`].
-#[inline(always)]
-pub unsafe fn red_add_release_u32(p: *mut u32, v: u32) {
-    asm!("red.release.gpu.global.add.u32 [{p}], {v};", p = in(reg64) p, v = in(reg32) v,
-         options(nostack, preserves_flags));
-}
-
 /// `atomicAdd(p, v)` made by the warp's lane 0 alone, which gets the old value; the other
 /// lanes get 0. The atomic stays one instruction whose result is waited for only where it
 /// is used: on an address it can prove warp-uniform, ptxas makes an atomic warp-aggregated,
@@ -1439,14 +1412,6 @@ pub unsafe fn atomic_add_u32_lane0(p: *mut u32, v: u32) -> u32 {
         options(nostack, preserves_flags)
     );
     old
-}
-
-/// `__nanosleep(ns)`: suspends the thread for about `ns` nanoseconds (at most 1 ms), so that
-/// a waiting warp leaves its issue slots and the memory system to the others.
-#[inline(always)]
-pub fn nanosleep(ns: u32) {
-    // SAFETY: a timed suspension; no memory is touched.
-    unsafe { asm!("nanosleep.u32 {t};", t = in(reg32) ns, options(nostack, preserves_flags)) }
 }
 
 /// `__threadfence()`: this thread's memory accesses before it are ordered, device-wide,

@@ -237,8 +237,7 @@ pub struct BatchNormResidentParams {
 /// `chunks` chunks of `chunk_len` vectors a feature), in this order: the stats tasks of
 /// features `0 .. lookahead`, then those of feature `lookahead + k` and the apply tasks of
 /// feature `k` in turn, then the apply tasks of the last `lookahead` features. Block `b`
-/// of the grid takes tasks `b, b + grid, ..` in that order (or the next in the order as
-/// it becomes free, [`bn_pipeline_sync::DYNAMIC`]). A stats task leaves its
+/// of the grid takes tasks `b, b + grid, ..` in that order. A stats task leaves its
 /// partial (as the stats kernels) and counts itself in its feature's word of the counter
 /// state; the block whose task completes a feature finalizes it (the finalize kernels'
 /// formulas on `fused.finalize`, in the same fixed order), writes its coefficient to
@@ -248,8 +247,7 @@ pub struct BatchNormResidentParams {
 ///
 /// Counter state (the handle's, [`crate::COUNTER_WORDS`] words, 0 when the launch
 /// starts): word 0 counts the blocks that are done, words `1 ..= features` the features'
-/// counts, word `features + 1` the task queue ([`bn_pipeline_sync::DYNAMIC`]); the last
-/// block done sets them back to 0. Every task waits only on tasks before
+/// counts; the last block done sets them back to 0. Every task waits only on tasks before
 /// it in the order, which blocks resident at once reach first: the launch is cooperative.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -257,28 +255,7 @@ pub struct BatchNormPipelinedParams {
     pub fused: BatchNormFusedParams,
     /// Features whose stats run ahead of the first apply (at least 1, at most `features`).
     pub lookahead: u32,
-    /// How the blocks count and wait ([`bn_pipeline_sync`] bits; 0: thread 0 of the block
-    /// does both while the block waits at a barrier).
-    pub sync: u32,
-    pub _pad: [u32; 2],
-}
-
-/// [`BatchNormPipelinedParams::sync`] bits: who counts a stats task and who waits for an
-/// apply task's coefficient.
-pub mod bn_pipeline_sync {
-    /// Each warp of an apply task waits for the coefficient on its own (its lane 0), with
-    /// no block barrier; otherwise thread 0 waits and the block meets it at a barrier.
-    pub const WARP_WAITS: u32 = 1;
-    /// Warp 0 alone counts a stats task (and finalizes), while the other warps go on;
-    /// otherwise thread 0 counts and the block learns at a barrier whether it finalizes.
-    pub const WARP_COUNTS: u32 = 2;
-    /// A waiter that finds the coefficient not ready sleeps (32 ns, doubling up to 1 µs)
-    /// before it looks again, rather than spinning on the counter's line.
-    pub const BACKOFF: u32 = 4;
-    /// Blocks take their tasks in order from a queue word of the counter state (word
-    /// `features + 1`), each the next one as it finishes its task, rather than task `b`,
-    /// `b + grid`, .. for block `b`: no block falls behind the others' tasks.
-    pub const DYNAMIC: u32 = 8;
+    pub _pad: [u32; 3],
 }
 
 /// A chunk's partial statistics of one feature, as the workspace holds them.

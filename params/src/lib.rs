@@ -20,10 +20,10 @@ mod rows;
 mod softmax;
 
 pub use batch_norm::{
-    bn_flags, bn_operand, bn_pipeline_sync, BatchNormApplyParams, BatchNormCoef,
-    BatchNormFinalizeParams, BatchNormFusedParams, BatchNormGeometry, BatchNormPartial,
-    BatchNormPipelinedParams, BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS,
-    BN_BLOCK_WARPS, BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
+    bn_flags, bn_operand, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
+    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams,
+    BatchNormResidentParams, BatchNormStatsParams, BN_BLOCK_THREADS, BN_BLOCK_WARPS,
+    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE,
 };
 pub use convolution::{
     conv_igemm_async_shared_bytes, conv_igemm_async_table_bytes, conv_igemm_async_thread_tile,

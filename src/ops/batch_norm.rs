@@ -60,10 +60,10 @@ use crate::launch::{device_ptr, device_ptr_mut, Gpu, LaunchConfig};
 use crate::reference::batch_norm as reference;
 use oxidnn_params::bn_operand::{COUNT, DX, DZ, PARAM, X, Y, Z_OR_DY};
 use oxidnn_params::{
-    bn_flags, bn_pipeline_sync, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams,
-    BatchNormFusedParams, BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams,
-    BatchNormResidentParams, BatchNormStatsParams, BARRIER_GROUPS, BN_BLOCK_THREADS,
-    BN_COLS_SHARED_BYTES, BN_FINALIZE_THREADS_PER_FEATURE, COUNTER_WORDS,
+    bn_flags, BatchNormApplyParams, BatchNormCoef, BatchNormFinalizeParams, BatchNormFusedParams,
+    BatchNormGeometry, BatchNormPartial, BatchNormPipelinedParams, BatchNormResidentParams,
+    BatchNormStatsParams, BARRIER_GROUPS, BN_BLOCK_THREADS, BN_COLS_SHARED_BYTES,
+    BN_FINALIZE_THREADS_PER_FEATURE, COUNTER_WORDS,
 };
 
 /// The smallest epsilon cuDNN 9 accepts (`CUDNN_BN_MIN_EPSILON`, `cudnn_ops.h`: 0.0).
@@ -1070,15 +1070,10 @@ const PIPELINE_MIN_CHUNK_BYTES: usize = 4 << 10;
 /// (their stats read new data and their applies write `y`).
 const PIPELINE_AHEAD_GRIDS: f64 = 1.25;
 
-/// Who counts the pipelined kernels' stats tasks and who waits for their coefficients
-/// ([`bn_pipeline_sync`]).
-const PIPELINE_SYNC: u32 = bn_pipeline_sync::WARP_COUNTS | bn_pipeline_sync::BACKOFF;
-
 /// `OXIDNN_BN_PIPELINE=0` never takes the pipelined training kernels, `=1` takes them for
 /// every rows problem they can run (for measurements and for testing both paths);
 /// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536) and
-/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, and
-/// `OXIDNN_BN_PIPELINE_SYNC` their way of counting and waiting, for measurements.
+/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, for measurements.
 fn pipelined_forced() -> Option<bool> {
     forced_switch("OXIDNN_BN_PIPELINE")
 }
@@ -1093,20 +1088,6 @@ fn pipelined_chunk_bytes(pass: Pass) -> usize {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .map_or(default, |b| b.clamp(PIPELINE_MIN_CHUNK_BYTES, 64 << 10))
-}
-
-/// How the pipelined kernels' blocks count and wait ([`bn_pipeline_sync`] bits):
-/// `OXIDNN_BN_PIPELINE_SYNC` overrides [`PIPELINE_SYNC`], for measurements.
-fn pipelined_sync() -> u32 {
-    std::env::var("OXIDNN_BN_PIPELINE_SYNC")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .map_or(PIPELINE_SYNC, |bits| {
-            bits & (bn_pipeline_sync::WARP_WAITS
-                | bn_pipeline_sync::WARP_COUNTS
-                | bn_pipeline_sync::BACKOFF
-                | bn_pipeline_sync::DYNAMIC)
-        })
 }
 
 fn pipelined_ahead_grids() -> f64 {
@@ -1173,8 +1154,7 @@ impl PipelinedPlan {
             (None, Pass::Forward | Pass::ForwardMasked) => false,
             (None, Pass::ForwardPlain | Pass::Backward) => bytes >= PIPELINE_MIN_BYTES,
         };
-        // The counter state holds the done count, a word per feature and the task queue.
-        if plan.cols || features + 2 > COUNTER_WORDS || !chosen {
+        if plan.cols || features >= COUNTER_WORDS || !chosen {
             return Ok(None);
         }
         let kernel = match plan.pass {
@@ -1223,8 +1203,7 @@ impl PipelinedPlan {
         BatchNormPipelinedParams {
             fused: BatchNormFusedParams { apply, finalize },
             lookahead: self.lookahead,
-            sync: pipelined_sync(),
-            _pad: [0; 2],
+            _pad: [0; 3],
         }
     }
 }
