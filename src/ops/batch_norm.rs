@@ -501,7 +501,13 @@ const RESIDENT_MIN_SHARE: f64 = 0.2;
 /// wherever they can run, whatever share of the data stays on chip (for measurements and
 /// for testing both paths).
 fn resident_forced() -> Option<bool> {
-    match std::env::var("OXIDNN_BN_RESIDENT").as_deref() {
+    forced_switch("OXIDNN_BN_RESIDENT")
+}
+
+/// A path forced off (`var=0`) or on (`var=1`) by the environment; `None` leaves the choice
+/// to the measured rule.
+fn forced_switch(var: &str) -> Option<bool> {
+    match std::env::var(var).as_deref() {
         Ok("0") => Some(false),
         Ok("1") => Some(true),
         _ => None,
@@ -1069,11 +1075,7 @@ const PIPELINE_AHEAD_GRIDS: f64 = 1.25;
 /// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536) and
 /// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, for measurements.
 fn pipelined_forced() -> Option<bool> {
-    match std::env::var("OXIDNN_BN_PIPELINE").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    }
+    forced_switch("OXIDNN_BN_PIPELINE")
 }
 
 /// Bytes of input a pipelined task of `pass` reads.
