@@ -91,8 +91,6 @@ use oxidnn_params::{
 /// three operands (backward) before any is used.
 const FWD_UNROLL: usize = 4;
 const BWD_UNROLL: usize = 2;
-/// Vectors a thread reduces at a time from a staged pipelined task's chunk in shared memory.
-const STAGED_UNROLL: usize = 2;
 /// Loads of `y` in flight per thread as the resident backward masks its stashed rows.
 const KEPT_MASK_UNROLL: usize = 4;
 
@@ -682,27 +680,24 @@ unsafe fn fwd_moments_rows<T: Element, const KV: usize>(
     w: &Work,
 ) -> Acc<1> {
     let base = g.feat.offsets(w.f0)[X];
-    fwd_moments_of::<T, KV, FWD_UNROLL>(w, |j| {
+    fwd_moments_of::<T, KV>(w, |j| {
         load_raw::<T, KV>(x, base + g.red.offsets(j * KV as u32)[X], true)
     })
 }
 
-/// The moments of a rows block's work, vector `j` being `load(j)`, `UN` vectors at a time
-/// (every thread gets the block's total; every thread of the block calls it).
+/// The moments of a rows block's work, vector `j` being `load(j)` (every thread gets the
+/// block's total; every thread of the block calls it).
 #[inline(always)]
-fn fwd_moments_of<T: Element, const KV: usize, const UN: usize>(
-    w: &Work,
-    load: impl Fn(u32) -> Vec16,
-) -> Acc<1> {
+fn fwd_moments_of<T: Element, const KV: usize>(w: &Work, load: impl Fn(u32) -> Vec16) -> Acc<1> {
     let mut acc = Acc::<1>::EMPTY;
-    visit::<UN, Vec16, _>(
+    visit::<FWD_UNROLL, Vec16, _>(
         w.range(),
         &mut acc,
         load,
         #[inline(always)]
         |acc, _, v| {
             let (mean, m2) = batch_moments(&v.map(unpack::<T, KV>));
-            acc.absorb((UN * KV) as f32, [mean], [m2]);
+            acc.absorb((FWD_UNROLL * KV) as f32, [mean], [m2]);
         },
         #[inline(always)]
         |acc, _, v| {
@@ -937,31 +932,6 @@ unsafe fn bwd_sums_rows<T: Element, const KV: usize>(
     let mask = p.relu_mask as *const u32;
     let relu = Relu::of(p.flags, mask);
     let base = g.feat.offsets(w.f0);
-    let load = #[inline(always)]
-    |j: u32| {
-        let o = plus(base, g.red.offsets(j * KV as u32));
-        load_bwd::<T, KV>(relu, false, x, (y, mask), dy, o)
-    };
-    bwd_sums_of::<T, KV, BWD_UNROLL>(p, dz, coef, saved, w, load)
-}
-
-/// The gradient sums of a rows block's work, the inputs of vector `j` being `load(j)`,
-/// `UN` vectors at a time (every thread gets the block's total).
-///
-/// # Safety
-/// As [`bwd_sums_rows`]; `load` reads within the tensors.
-#[inline(always)]
-unsafe fn bwd_sums_of<T: Element, const KV: usize, const UN: usize>(
-    p: &BatchNormStatsParams,
-    dz: *mut T,
-    coef: *const BatchNormCoef,
-    saved: *const f32,
-    w: &Work,
-    load: impl Fn(u32) -> BwdLoad,
-) -> Acc<1> {
-    let g = &p.geo;
-    let relu = Relu::of(p.flags, p.relu_mask as *const u32);
-    let base = g.feat.offsets(w.f0);
     let mean = saved_mean(p, w.f0, coef, saved);
     let at = #[inline(always)]
     |j: u32| plus(base, g.red.offsets(j * KV as u32));
@@ -977,13 +947,14 @@ unsafe fn bwd_sums_of<T: Element, const KV: usize, const UN: usize>(
         }
         acc.add_grads(KV as f32, [s], [sx]);
     };
-    visit::<UN, BwdLoad, _>(
+    visit::<BWD_UNROLL, BwdLoad, _>(
         w.range(),
         &mut acc,
-        load,
+        #[inline(always)]
+        |j| load_bwd::<T, KV>(relu, false, x, (y, mask), dy, at(j)),
         #[inline(always)]
         |acc, j, v| {
-            crate::unrolled!(u in UN => add(acc, j + u as u32 * w.step, v[u]));
+            crate::unrolled!(u in BWD_UNROLL => add(acc, j + u as u32 * w.step, v[u]));
         },
         #[inline(always)]
         |acc, j, v| add(acc, j, v),
@@ -2014,7 +1985,7 @@ unsafe fn fwd_staged<T: Element, const KV: usize, const UN: usize>(
     cp_async_wait(0);
     let from_stage = #[inline(always)]
     |j: u32| unstage::<T, KV>(slot(j));
-    let total = fwd_moments_of::<T, KV, FWD_UNROLL>(&w, from_stage);
+    let total = fwd_moments_of::<T, KV>(&w, from_stage);
     let t = Total::of(&total);
     let c = fwd_feature(&p.finalize, w.f0, t, out, thread_idx_x() == 0).0;
     let c = [[c[0], c[2], c[3]]; KV];
@@ -2535,105 +2506,25 @@ fn pipelined_task(t: u32, features: u32, chunks: u32, lookahead: u32) -> Task {
     Task { apply, f, chunk }
 }
 
-/// How a pipelined pass's tasks read their chunk: [`Unstaged`] from memory as each task
-/// runs, or from a ring of `stages` chunks of shared memory that the block fills `stages -
-/// 1` tasks ahead (`stage(work, slot)`, every thread copying the vectors of its own range
-/// of the work with `cp.async`). A task then gets the slot of the ring that holds its chunk.
-trait ChunkSource {
-    /// Chunks in the ring (1 for no ring).
-    fn stages(&self) -> u32;
-    /// Starts this thread's copies of `w`'s vectors into ring slot `slot` (not called
-    /// without a ring).
-    fn stage(&self, w: &Work, slot: u32);
-}
-
-/// Tasks read their chunk from memory.
-struct Unstaged;
-
-impl ChunkSource for Unstaged {
-    #[inline(always)]
-    fn stages(&self) -> u32 {
-        1
-    }
-    #[inline(always)]
-    fn stage(&self, _: &Work, _: u32) {}
-}
-
-/// Tasks read their chunk of `OPS` read-only operands (slots `slots` of the geometry's
-/// offsets: `x`, and `dy` for the backward) from the ring in dynamic shared memory:
-/// `stages` slots of `OPS` chunks of `chunk_len` vectors of `KV` elements of `T`; vector
-/// `j` of operand `op` of a work starting at chunk element `start` lies at vector
-/// `(slot * OPS + op) * chunk_len + j - start` of the ring.
-#[derive(Clone, Copy)]
-struct Staged<'g, T: Element, const KV: usize, const OPS: usize> {
-    operands: [*const T; OPS],
-    slots: [usize; OPS],
-    g: &'g BatchNormGeometry,
-    stages: u32,
-}
-
-impl<T: Element, const KV: usize, const OPS: usize> Staged<'_, T, KV, OPS> {
-    /// Shared address of vector `j` of operand `op` of work `w` in ring slot `slot`.
-    #[inline(always)]
-    fn at(&self, w: &Work, slot: u32, op: usize, j: u32) -> u32 {
-        let chunk = slot * OPS as u32 + op as u32;
-        let vector = (chunk * self.g.chunk_len + j - w.chunk * self.g.chunk_len) as usize;
-        dynamic_smem() + (vector * KV * size_of::<T>()) as u32
-    }
-
-    /// Vector `j` of every operand of work `w`, staged in slot `slot` by this thread and
-    /// waited for.
-    #[inline(always)]
-    unsafe fn load(&self, w: &Work, slot: u32, j: u32) -> [Vec16; OPS] {
-        core::array::from_fn(|op| unstage::<T, KV>(self.at(w, slot, op, j)))
-    }
-}
-
-impl<T: Element, const KV: usize, const OPS: usize> ChunkSource for Staged<'_, T, KV, OPS> {
-    #[inline(always)]
-    fn stages(&self) -> u32 {
-        self.stages
-    }
-    #[inline(always)]
-    fn stage(&self, w: &Work, slot: u32) {
-        let base = self.g.feat.offsets(w.f0);
-        let mut j = w.first;
-        while j < w.end {
-            let o = plus(base, self.g.red.offsets(j * KV as u32));
-            for op in 0..OPS {
-                // SAFETY: the host gives the launch `stages * OPS` chunks of vectors (of 4
-                // bytes or more) of dynamic shared memory; each operand's vector is in
-                // bounds and aligned to its size (the vector width's condition).
-                let src = unsafe { self.operands[op].add(o[self.slots[op]] as usize) };
-                unsafe { stage_async::<T, KV>(self.at(w, slot, op, j), src) };
-            }
-            j += w.step;
-        }
-    }
-}
-
 /// The task loop of a pipelined training pass ([`BatchNormPipelinedParams`]): the block's
-/// tasks in order. A stats task's block total, `stats(work, slot)` (every thread of the
-/// block calls it), becomes its partial and is counted in its feature's word; the block
-/// whose task completes a feature has its warp 0 call `finish(f)` (the whole warp, over
-/// the feature's partials; lane 0's coefficient is stored) and count once more. An apply
-/// task waits for that count, then calls `apply(work, slot, f, coefficient)`. `slot` is
-/// the ring slot of `source` holding the task's chunk, copies waited for (0 without a
-/// ring). The last block done sets the counters back to 0.
+/// tasks in order. A stats task's block total, `stats(work)` (every thread of the block
+/// calls it), becomes its partial and is counted in its feature's word; the block whose
+/// task completes a feature has its warp 0 call `finish(f)` (the whole warp, over the
+/// feature's partials; lane 0's coefficient is stored) and count once more. An apply task
+/// waits for that count, then calls `apply(work, f, coefficient)`. The last block done
+/// sets the counters back to 0.
 ///
 /// # Safety
 /// As the pipelined entry points: a cooperative launch, `partials` and `coef` as the
-/// stats and finalize kernels', `counters` the handle's counter state; with a ring, the
-/// dynamic shared memory `source` needs.
+/// stats and finalize kernels', `counters` the handle's counter state.
 #[inline(always)]
 unsafe fn pipelined_rows(
     g: &BatchNormGeometry,
     lookahead: u32,
     (partials, coef, counters): (*mut BatchNormPartial, *mut BatchNormCoef, *mut u32),
-    source: &impl ChunkSource,
-    stats: impl Fn(&Work, u32) -> Acc<1>,
+    stats: impl Fn(&Work) -> Acc<1>,
     finish: impl Fn(u32) -> BatchNormCoef,
-    apply: impl Fn(&Work, u32, u32, [f32; 4]),
+    apply: impl Fn(&Work, u32, [f32; 4]),
 ) {
     let (features, chunks) = (g.features, g.chunks);
     // Feature f's count: its completed stats tasks, plus one once it is finalized.
@@ -2643,33 +2534,10 @@ unsafe fn pipelined_rows(
     // block is the last one done. Each written by thread 0 between two barriers.
     let flags = crate::shared_f32!(16).base;
     let tasks = 2 * features * chunks;
-    let task_at = |t: u32| {
-        let task = pipelined_task(t, features, chunks, lookahead);
-        (task, rows_work(g, task.f * chunks + task.chunk))
-    };
-    let (stages, grid) = (source.stages(), grid_dim_x());
-    // The ring: the block's next `stages - 1` tasks' copies in flight, one group each
-    // (empty past the last task), so the wait below always leaves `stages - 1` groups.
-    let stage_ahead = |t: u32, slot: u32| {
-        if t < tasks {
-            source.stage(&task_at(t).1, slot);
-        }
-        cp_async_commit();
-    };
-    for s in 1..stages {
-        stage_ahead(block_idx_x() + (s - 1) * grid, s - 1);
-    }
     let mut t = block_idx_x();
-    let mut k = 0;
     while t < tasks {
-        let (task, w) = task_at(t);
-        let slot = k % stages;
-        if stages > 1 {
-            // Slot `(k - 1) % stages` is free again: this thread read its vectors there,
-            // all of them used (a reduction or stores) before this point.
-            stage_ahead(t + (stages - 1) * grid, (k + stages - 1) % stages);
-            cp_async_wait(stages - 1);
-        }
+        let task = pipelined_task(t, features, chunks, lookahead);
+        let w = rows_work(g, task.f * chunks + task.chunk);
         if task.apply {
             if thread_idx_x() == 0 {
                 // SAFETY: the feature's word of the counter state; its stats tasks come
@@ -2681,9 +2549,9 @@ unsafe fn pipelined_rows(
                 thread_fence();
             }
             sync_threads_divergent();
-            apply(&w, slot, task.f, coef_of(coef, task.f));
+            apply(&w, task.f, coef_of(coef, task.f));
         } else {
-            let total = stats(&w, slot);
+            let total = stats(&w);
             if thread_idx_x() == 0 {
                 let at = task.chunk * features + task.f;
                 write_partial(partials, at, total.n, total.a[0], total.b[0]);
@@ -2706,8 +2574,7 @@ unsafe fn pipelined_rows(
                 }
             }
         }
-        t += grid;
-        k += 1;
+        t += grid_dim_x();
     }
     // Every block counts itself done once it no longer touches the counters (thread 0,
     // which made the block's counts, after them); the last one zeroes them all.
@@ -2732,13 +2599,12 @@ unsafe fn pipelined_rows(
 
 /// The forward training pass of a rows problem in one cooperative launch
 /// ([`pipelined_rows`]): each feature's moments, finalized as the finalize kernel does,
-/// then its apply, which finds most of the feature's `x` still in L2. With `STAGED`, the
-/// tasks read `x` from the ring of `p.stages` chunks in shared memory ([`Staged`]).
+/// then its apply, which finds most of the feature's `x` still in L2.
 ///
 /// # Safety
-/// As `batch_norm_fwd_pipelined_rows_*` (and `_staged_rows_*` with `STAGED`).
+/// As `batch_norm_fwd_pipelined_rows_*`.
 #[inline(always)]
-unsafe fn fwd_pipelined_rows<T: Element, const KV: usize, const STAGED: bool>(
+unsafe fn fwd_pipelined_rows<T: Element, const KV: usize>(
     p: &BatchNormPipelinedParams,
     io: FwdIo<T>,
     out: &FwdStatsOut,
@@ -2746,63 +2612,45 @@ unsafe fn fwd_pipelined_rows<T: Element, const KV: usize, const STAGED: bool>(
 ) {
     let (ap, fp) = (&p.fused.apply, &p.fused.finalize);
     let g = &ap.geo;
-    let finish = #[inline(always)]
-    |f| {
-        let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_moments);
-        fwd_feature(fp, f, t, out, lane_id() == 0)
-    };
-    let coefficients = |c: [f32; 4]| [[c[0], c[2], c[3]]; KV];
-    if STAGED {
-        let ring = Staged::<T, KV, 1> {
-            operands: [io.x],
-            slots: [X],
-            g,
-            stages: p.stages,
-        };
-        pipelined_rows(
-            g,
-            p.lookahead,
-            sync,
-            &ring,
-            #[inline(always)]
-            |w, slot| fwd_moments_of::<T, KV, STAGED_UNROLL>(w, |j| ring.load(w, slot, j)[0]),
-            finish,
-            #[inline(always)]
-            |w, slot, f, c| {
-                let base = g.feat.offsets(f);
-                let load_x = |j: u32, _: [u64; 6]| ring.load(w, slot, j)[0];
-                fwd_apply::<T, KV, 1>(ap, io, w.range(), 0, base, vector_start::<KV>, &coefficients(c), load_x);
-            },
-        );
-    } else {
-        pipelined_rows(
-            g,
-            p.lookahead,
-            sync,
-            &Unstaged,
-            #[inline(always)]
-            |w, _| fwd_moments_rows::<T, KV>(g, io.x, w),
-            finish,
-            #[inline(always)]
-            |w, _, f, c| {
-                let base = g.feat.offsets(f);
-                let load_x = x_from_memory::<T, KV>(io);
-                fwd_apply::<T, KV, FWD_UNROLL>(ap, io, w.range(), 0, base, vector_start::<KV>, &coefficients(c), load_x);
-            },
-        );
-    }
+    pipelined_rows(
+        g,
+        p.lookahead,
+        sync,
+        #[inline(always)]
+        |w| fwd_moments_rows::<T, KV>(g, io.x, w),
+        #[inline(always)]
+        |f| {
+            let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_moments);
+            fwd_feature(fp, f, t, out, lane_id() == 0)
+        },
+        #[inline(always)]
+        |w, f, c| {
+            let c = [[c[0], c[2], c[3]]; KV];
+            let load_x = x_from_memory::<T, KV>(io);
+            let base = g.feat.offsets(f);
+            fwd_apply::<T, KV, FWD_UNROLL>(
+                ap,
+                io,
+                w.range(),
+                0,
+                base,
+                vector_start::<KV>,
+                &c,
+                load_x,
+            );
+        },
+    );
 }
 
 /// The backward training pass of a rows problem in one cooperative launch
 /// ([`pipelined_rows`]), with the saved statistics: each feature's gradient sums,
 /// finalized as the finalize kernel does (`dscale`, `dbias`), then its apply, which finds
-/// most of the feature's `x` and `dy` still in L2. With `STAGED` (no relu), the tasks read
-/// `x` and `dy` from the ring of `p.stages` slots in shared memory ([`Staged`]).
+/// most of the feature's `x` and `dy` still in L2.
 ///
 /// # Safety
-/// As `batch_norm_bwd_pipelined_rows_*` (and `_staged_rows_*` with `STAGED`).
+/// As `batch_norm_bwd_pipelined_rows_*`.
 #[inline(always)]
-unsafe fn bwd_pipelined_rows<T: Element, const KV: usize, const STAGED: bool>(
+unsafe fn bwd_pipelined_rows<T: Element, const KV: usize>(
     p: &BatchNormPipelinedParams,
     io: BwdIo<T>,
     out: &BwdStatsOut,
@@ -2817,58 +2665,35 @@ unsafe fn bwd_pipelined_rows<T: Element, const KV: usize, const STAGED: bool>(
         _pad: 0,
         relu_mask: ap.relu_mask,
     };
-    let finish = #[inline(always)]
-    |f| {
-        let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_sums);
-        bwd_feature(fp, f, t, out, lane_id() == 0)
-    };
-    // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
-    // STATS_IN_WORKSPACE): run-time pointers, as in `bwd_fused_rows`.
-    let (dz, stats, saved) = (io.dz, out.stats, out.saved_mean);
-    if STAGED {
-        let ring = Staged::<T, KV, 2> {
-            operands: [io.x, io.dy],
-            slots: [X, Z_OR_DY],
-            g,
-            stages: p.stages,
-        };
-        let staged = #[inline(always)]
-        |w: &Work, slot: u32, j: u32| {
-            let [x, dy] = ring.load(w, slot, j);
-            [x, dy, [0; 4]]
-        };
-        pipelined_rows(
-            g,
-            p.lookahead,
-            sync,
-            &ring,
-            #[inline(always)]
-            |w, slot| bwd_sums_of::<T, KV, 1>(&sp, dz, stats, saved, w, |j| staged(w, slot, j)),
-            finish,
-            #[inline(always)]
-            |w, slot, f, c| {
-                let base = g.feat.offsets(f);
-                let load = |j: u32, _: [u64; 6]| staged(w, slot, j);
-                bwd_apply::<T, KV, 1>(ap, io, w.range(), 0, base, vector_start::<KV>, &[c; KV], load);
-            },
-        );
-    } else {
-        pipelined_rows(
-            g,
-            p.lookahead,
-            sync,
-            &Unstaged,
-            #[inline(always)]
-            |w, _| bwd_sums_rows::<T, KV>(&sp, io.x, io.y, io.dy, dz, stats, saved, w),
-            finish,
-            #[inline(always)]
-            |w, _, f, c| {
-                let load = bwd_from_memory::<T, KV>(ap, io);
-                let base = g.feat.offsets(f);
-                bwd_apply::<T, KV, BWD_UNROLL>(ap, io, w.range(), 0, base, vector_start::<KV>, &[c; KV], load);
-            },
-        );
-    }
+    pipelined_rows(
+        g,
+        p.lookahead,
+        sync,
+        // `dz` is not written here (no WRITE_GRAD) and `stats` not read (no
+        // STATS_IN_WORKSPACE): run-time pointers, as in `bwd_fused_rows`.
+        #[inline(always)]
+        |w| bwd_sums_rows::<T, KV>(&sp, io.x, io.y, io.dy, io.dz, out.stats, out.saved_mean, w),
+        #[inline(always)]
+        |f| {
+            let t = feature_total(f, g.features, g.chunks, sync.0, merge_total_sums);
+            bwd_feature(fp, f, t, out, lane_id() == 0)
+        },
+        #[inline(always)]
+        |w, f, c| {
+            let load = bwd_from_memory::<T, KV>(ap, io);
+            let base = g.feat.offsets(f);
+            bwd_apply::<T, KV, BWD_UNROLL>(
+                ap,
+                io,
+                w.range(),
+                0,
+                base,
+                vector_start::<KV>,
+                &[c; KV],
+                load,
+            );
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -3154,7 +2979,7 @@ crate::for_each_dtype!(batch_norm_resident_entry_points);
 /// of the parameters if `$masked`, else a null constant (the mask's code folds away).
 #[rustfmt::skip]
 macro_rules! fwd_pipelined_entry_point {
-    ($T:ty, $name:ident, $epilogues:expr, $doc:literal, $masked:literal, $staged:literal) => {
+    ($T:ty, $name:ident, $epilogues:expr, $doc:literal, $masked:literal) => {
         /// # Safety
         /// The pointers of the forward stats, finalize and apply kernels together (`z`
         /// with `ADD`; `partials` holds `chunks * features` entries, `coef` `features`);
@@ -3177,47 +3002,7 @@ macro_rules! fwd_pipelined_entry_point {
                 p.fused.apply = with_plain_epilogue(&p.fused.apply);
             }
             let sync = (partials, coef, counters);
-            if p.fused.apply.geo.vector == 1 {
-                fwd_pipelined_rows::<$T, 1, $staged>(&p, io, &out, sync)
-            } else {
-                fwd_pipelined_rows::<$T, { 16 / size_of::<$T>() }, $staged>(&p, io, &out, sync)
-            }
-        }
-    };
-}
-
-/// A pipelined backward's entry point of dtype `$T`, staged or not.
-#[rustfmt::skip]
-macro_rules! bwd_pipelined_entry_point {
-    ($T:ty, $name:ident, $doc:literal, $staged:literal) => {
-        /// # Safety
-        /// The pointers of the backward stats, finalize and apply kernels together
-        /// (statistics from `saved_mean`, `saved_inv_std`; `dz` with `ADD`; `partials`
-        /// holds `chunks * features` entries, `coef` `features`); `counters` as for the
-        /// forward. A cooperative launch of blocks of at most `BN_BLOCK_THREADS`; rows
-        /// mapping.
-        #[doc = $doc]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "ptx-kernel" fn $name(
-            p: BatchNormPipelinedParams, x: *const $T, y: *const $T, dy: *const $T,
-            dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
-            saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
-            partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, counters: *mut u32,
-        ) {
-            let mut p = p;
-            if $staged {
-                p.fused.apply.flags &= !bn_flags::RELU;
-            }
-            let io = BwdIo { x, y, dy, dx, dz, mask: p.fused.apply.relu_mask as *const u32 };
-            // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
-            let stats = saved_mean as *const BatchNormCoef;
-            let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
-            let sync = (partials, coef, counters);
-            if p.fused.apply.geo.vector == 1 {
-                bwd_pipelined_rows::<$T, 1, $staged>(&p, io, &out, sync)
-            } else {
-                bwd_pipelined_rows::<$T, { 16 / size_of::<$T>() }, $staged>(&p, io, &out, sync)
-            }
+            by_width!($T, p.fused.apply.geo.vector, fwd_pipelined_rows(&p, io, &out, sync))
         }
     };
 }
@@ -3227,21 +3012,31 @@ macro_rules! batch_norm_pipelined_entry_points {
         paste::paste! {
             fwd_pipelined_entry_point!($T, [<batch_norm_fwd_pipelined_rows_ $dt>], Epilogues::Any,
                 "Any epilogue; with `RELU`, writes the relu mask where `p.fused.apply.relu_mask` \
-is not 0 (a bit per element of `x`'s span, 4-byte aligned).", true, false);
+is not 0 (a bit per element of `x`'s span, 4-byte aligned).", true);
             fwd_pipelined_entry_point!($T, [<batch_norm_fwd_pipelined_plain_rows_ $dt>],
                 Epilogues::Plain, "The plain epilogue alone (`alpha = 1`, `beta = 0`, no `ADD`, \
-no `RELU`; the flags and the blend factors are not read).", false, false);
-            fwd_pipelined_entry_point!($T, [<batch_norm_fwd_pipelined_staged_rows_ $dt>],
-                Epilogues::Plain, "The plain epilogue, `x` staged through a ring of `p.stages` \
-chunks of dynamic shared memory (`p.stages * chunk_len * vector * size_of::<T>()` bytes; \
-vectors of 4 bytes or more).", false, true);
+no `RELU`; the flags and the blend factors are not read).", false);
 
-            bwd_pipelined_entry_point!($T, [<batch_norm_bwd_pipelined_rows_ $dt>], "Any \
-flags; `y` read with `RELU` where `p.fused.apply.relu_mask` is 0.", false);
-            bwd_pipelined_entry_point!($T, [<batch_norm_bwd_pipelined_staged_rows_ $dt>], "No \
-`RELU` (the flag is not read); `x` and `dy` staged through a ring of `p.stages` slots of \
-dynamic shared memory (`2 * p.stages * chunk_len * vector * size_of::<T>()` bytes; vectors \
-of 4 bytes or more).", true);
+            /// # Safety
+            /// The pointers of the backward stats, finalize and apply kernels together
+            /// (statistics from `saved_mean`, `saved_inv_std`; `y` with `RELU` where
+            /// `p.fused.apply.relu_mask` is 0, `dz` with `ADD`; `partials` holds `chunks *
+            /// features` entries, `coef` `features`); `counters` as for the forward. A
+            /// cooperative launch of blocks of at most `BN_BLOCK_THREADS`; rows mapping.
+            #[unsafe(no_mangle)]
+            pub unsafe extern "ptx-kernel" fn [<batch_norm_bwd_pipelined_rows_ $dt>](
+                p: BatchNormPipelinedParams, x: *const $T, y: *const $T, dy: *const $T,
+                dx: *mut $T, dz: *mut $T, scale: *const f32, saved_mean: *const f32,
+                saved_inv_std: *const f32, dscale: *mut f32, dbias: *mut f32,
+                partials: *mut BatchNormPartial, coef: *mut BatchNormCoef, counters: *mut u32,
+            ) {
+                let io = BwdIo { x, y, dy, dx, dz, mask: p.fused.apply.relu_mask as *const u32 };
+                // `stats` is never read (no STATS_IN_WORKSPACE): any run-time pointer.
+                let stats = saved_mean as *const BatchNormCoef;
+                let out = BwdStatsOut { scale, saved_mean, saved_inv_std, stats, dscale, dbias };
+                let sync = (partials, coef, counters);
+                by_width!($T, p.fused.apply.geo.vector, bwd_pipelined_rows(&p, io, &out, sync))
+            }
         }
     };
 }

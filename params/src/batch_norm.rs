@@ -249,21 +249,13 @@ pub struct BatchNormResidentParams {
 /// starts): word 0 counts the blocks that are done, words `1 ..= features` the features'
 /// counts; the last block done sets them back to 0. Every task waits only on tasks before
 /// it in the order, which blocks resident at once reach first: the launch is cooperative.
-///
-/// The staged forward (`batch_norm_fwd_pipelined_staged_rows_*`) copies each task's chunk
-/// of `x` into a ring of `stages` chunks of dynamic shared memory (`cp.async`, each thread
-/// its own vectors) `stages - 1` tasks ahead of the one it runs, so a block keeps the
-/// loads of its next tasks in flight through a task's reduction, counts and waits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchNormPipelinedParams {
     pub fused: BatchNormFusedParams,
     /// Features whose stats run ahead of the first apply (at least 1, at most `features`).
     pub lookahead: u32,
-    /// Chunks in the staged forward's ring (2 to 8; `chunk_len * vector * size` bytes of
-    /// dynamic shared memory each); not read by the other pipelined kernels.
-    pub stages: u32,
-    pub _pad: [u32; 2],
+    pub _pad: [u32; 3],
 }
 
 /// A chunk's partial statistics of one feature, as the workspace holds them.

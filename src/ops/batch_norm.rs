@@ -1069,31 +1069,18 @@ const PIPELINE_MIN_CHUNK_BYTES: usize = 4 << 10;
 /// first block reaches the apply; the tasks between are the reuse distance of `x` in L2
 /// (their stats read new data and their applies write `y`).
 const PIPELINE_AHEAD_GRIDS: f64 = 1.25;
-/// Slots in the shared-memory ring of the staged plain forward and plain backward
-/// ([`BatchNormPipelinedParams::stages`]); 0 runs the unstaged kernel.
-const PIPELINE_FWD_STAGES: u32 = 0;
-const PIPELINE_BWD_STAGES: u32 = 0;
-/// Bytes of input a staged task reads (the backward's of `x` and `dy` together): a ring of
-/// small chunks keeps the next tasks' loads in flight while a block reduces, counts and
-/// waits, where an unstaged block has one task's loads in flight at most.
-const PIPELINE_STAGED_CHUNK_BYTES: usize = 16 << 10;
-/// The most shared memory a block's ring may take (an SM has 228 KB).
-const PIPELINE_MAX_RING_BYTES: usize = 96 << 10;
 
 /// `OXIDNN_BN_PIPELINE=0` never takes the pipelined training kernels, `=1` takes them for
 /// every rows problem they can run (for measurements and for testing both paths);
-/// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536),
-/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) and `OXIDNN_BN_PIPELINE_STAGES` (the plain
-/// passes' ring: 0 for none, 2 to 8 slots) override their chunk, lookahead and ring, for
-/// measurements.
+/// `OXIDNN_BN_PIPELINE_CHUNK` (bytes of input, 4096 to 65536) and
+/// `OXIDNN_BN_PIPELINE_AHEAD` (grids) override their chunk and lookahead, for measurements.
 fn pipelined_forced() -> Option<bool> {
     forced_switch("OXIDNN_BN_PIPELINE")
 }
 
-/// Bytes of input a pipelined task of `pass` reads (`staged`: through a ring).
-fn pipelined_chunk_bytes(pass: Pass, staged: bool) -> usize {
+/// Bytes of input a pipelined task of `pass` reads.
+fn pipelined_chunk_bytes(pass: Pass) -> usize {
     let default = match pass {
-        _ if staged => PIPELINE_STAGED_CHUNK_BYTES,
         Pass::Backward => PIPELINE_BWD_CHUNK_BYTES,
         _ => PIPELINE_FWD_CHUNK_BYTES,
     };
@@ -1101,18 +1088,6 @@ fn pipelined_chunk_bytes(pass: Pass, staged: bool) -> usize {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .map_or(default, |b| b.clamp(PIPELINE_MIN_CHUNK_BYTES, 64 << 10))
-}
-
-/// Slots in the ring of a plain pass `pass`: 0 (no ring) or 2 to 8.
-fn pipelined_stages(pass: Pass) -> u32 {
-    let default = match pass {
-        Pass::Backward => PIPELINE_BWD_STAGES,
-        _ => PIPELINE_FWD_STAGES,
-    };
-    std::env::var("OXIDNN_BN_PIPELINE_STAGES")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .map_or(default, |s| if s < 2 { 0 } else { s.min(8) })
 }
 
 fn pipelined_ahead_grids() -> f64 {
@@ -1154,23 +1129,14 @@ fn pipelined_split(
     Some((geo, (lookahead as u32).clamp(1, geo.features)))
 }
 
-/// Shared memory of a ring of `stages` slots of `operands` chunks of `chunk_bytes`, in
-/// whole vectors of `vector_bytes` (as [`pipelined_split`] cuts the chunks): the staged
-/// kernels' `operands * stages * chunk_len * vector * size` bytes.
-fn ring_bytes(operands: usize, stages: u32, chunk_bytes: usize, vector_bytes: usize) -> usize {
-    operands * stages as usize * (chunk_bytes / vector_bytes).max(1) * vector_bytes
-}
-
 /// The pipelined training pass of a rows problem ([`BatchNormPipelinedParams`]): its
 /// kernel, a cooperative grid of as many blocks as fit the GPU at once, chunks of
-/// [`PIPELINE_FWD_CHUNK_BYTES`] or [`PIPELINE_BWD_CHUNK_BYTES`] of input (or
-/// [`PIPELINE_STAGED_CHUNK_BYTES`] through a ring of `stages`), and the lookahead.
+/// [`PIPELINE_FWD_CHUNK_BYTES`] or [`PIPELINE_BWD_CHUNK_BYTES`] of input and the lookahead.
 struct PipelinedPlan {
     kernel: &'static str,
     config: LaunchConfig,
     geo: BatchNormGeometry,
     lookahead: u32,
-    stages: u32,
 }
 
 impl PipelinedPlan {
@@ -1179,14 +1145,10 @@ impl PipelinedPlan {
     /// plain forward or the backward (or wherever `OXIDNN_BN_PIPELINE=1`). The forward of
     /// any other epilogue (add, relu and its mask, blends: 80 registers, three blocks an
     /// SM) measured 6-8% slower than three launches (H100, f32 NCHW N = 32, 64x112x112
-    /// and 256x56x56, 32 and 64 KB chunks), so it runs only when forced. The plain
-    /// forward, and the backward of a `plain` normalization (no relu), stage their chunks
-    /// through a ring of shared memory where [`pipelined_stages`] asks for one and the
-    /// vectors are 4 bytes or more (`cp.async`'s smallest copy).
-    fn of(gpu: &Gpu, dtype: DataType, plan: &Plan, plain: bool) -> Result<Option<Self>> {
+    /// and 256x56x56, 32 and 64 KB chunks), so it runs only when forced.
+    fn of(gpu: &Gpu, dtype: DataType, plan: &Plan) -> Result<Option<Self>> {
         let features = plan.geo.features;
-        let element_bytes = dtype.size_bytes();
-        let bytes = features as usize * plan.geo.red_len as usize * element_bytes;
+        let bytes = features as usize * plan.geo.red_len as usize * dtype.size_bytes();
         let chosen = match (pipelined_forced(), plan.pass) {
             (Some(on), _) => on,
             (None, Pass::Forward | Pass::ForwardMasked) => false,
@@ -1195,35 +1157,19 @@ impl PipelinedPlan {
         if plan.cols || features >= COUNTER_WORDS || !chosen {
             return Ok(None);
         }
-        let vector_bytes = plan.geo.vector as usize * element_bytes;
-        let stages = match plan.pass {
-            Pass::ForwardPlain | Pass::Backward if plain && vector_bytes >= 4 => {
-                pipelined_stages(plan.pass)
-            }
-            _ => 0,
-        };
         let kernel = match plan.pass {
-            Pass::ForwardPlain if stages > 0 => {
-                kernels::batch_norm_fwd_pipelined_staged_rows(dtype)
-            }
             Pass::ForwardPlain => kernels::batch_norm_fwd_pipelined_plain_rows(dtype),
             Pass::Forward | Pass::ForwardMasked => kernels::batch_norm_fwd_pipelined_rows(dtype),
-            Pass::Backward if stages > 0 => kernels::batch_norm_bwd_pipelined_staged_rows(dtype),
             Pass::Backward => kernels::batch_norm_bwd_pipelined_rows(dtype),
         }
         .ok_or_else(|| unsupported_dtype(dtype))?;
-        let inputs = if plan.pass == Pass::Backward { 2 } else { 1 };
-        let chunk_bytes =
-            (pipelined_chunk_bytes(plan.pass, stages > 0) / inputs).max(PIPELINE_MIN_CHUNK_BYTES);
-        let ring_bytes = ring_bytes(inputs, stages, chunk_bytes, vector_bytes);
-        if ring_bytes > PIPELINE_MAX_RING_BYTES {
-            return Ok(None);
-        }
-        let (per_sm, threads) = best_block(gpu, kernel, ring_bytes as u32)?;
+        let (per_sm, threads) = best_block(gpu, kernel, 0)?;
         let blocks = per_sm as u32 * gpu.sm_count;
+        let inputs = if plan.pass == Pass::Backward { 2 } else { 1 };
+        let chunk_bytes = (pipelined_chunk_bytes(plan.pass) / inputs).max(PIPELINE_MIN_CHUNK_BYTES);
         let split = pipelined_split(
             plan.geo,
-            element_bytes,
+            dtype.size_bytes(),
             blocks,
             chunk_bytes,
             pipelined_ahead_grids(),
@@ -1235,14 +1181,13 @@ impl PipelinedPlan {
             grid: blocks,
             grid_y: 1,
             block: threads,
-            shared_bytes: ring_bytes as u32,
+            shared_bytes: 0,
         };
         Ok(Some(Self {
             kernel,
             config,
             geo,
             lookahead,
-            stages,
         }))
     }
 
@@ -1258,8 +1203,7 @@ impl PipelinedPlan {
         BatchNormPipelinedParams {
             fused: BatchNormFusedParams { apply, finalize },
             lookahead: self.lookahead,
-            stages: self.stages,
-            _pad: [0; 2],
+            _pad: [0; 3],
         }
     }
 }
@@ -1641,8 +1585,7 @@ pub fn batch_norm_forward_training(
                 // or more (`FusedPlan::forward`).
                 return unsafe { gpu.launch(kernel, config, &params, &one_launch) };
             }
-            let plain = bn.ops == BatchNormOps::Bn;
-            if let Some(pipelined) = PipelinedPlan::of(gpu, dtype, &plan, plain)? {
+            if let Some(pipelined) = PipelinedPlan::of(gpu, dtype, &plan)? {
                 let mut fp = plan.finalize_params(flags, bn.epsilon);
                 fp.factor = factor;
                 let ap = apply_params(&plan, bn, alpha32, beta32, 0, relu_mask);
@@ -2053,7 +1996,7 @@ pub fn batch_norm_backward(
             }
             // Saved statistics, rows mapping: the pipelined kernel where x is larger than L2.
             let pipelined = match one_launch {
-                Some(_) => PipelinedPlan::of(gpu, dtype, &plan, bn.ops == BatchNormOps::Bn)?,
+                Some(_) => PipelinedPlan::of(gpu, dtype, &plan)?,
                 None => None,
             };
             if let (Some(one_launch), Some(pipelined)) = (one_launch, pipelined) {
@@ -2316,41 +2259,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The staged forward's ring is exactly the `stages` chunks its kernel addresses
-    /// (`stages * chunk_len * vector * size` bytes) for every chunk size the switches
-    /// allow, and the default ring leaves room for several blocks an SM.
-    #[test]
-    fn the_staged_ring_holds_the_chunks_the_kernel_addresses() {
-        let x = TensorDescriptor::nchw(DataType::F32, 8, 48, 163, 167).unwrap();
-        let mode = BatchNormMode::Spatial;
-        let p = derive_batch_norm_descriptor(&x, mode).unwrap();
-        let ops = fake_ops(&[(X, &x), (Y, &x)]);
-        let plan = plan_problem(mode, &x, &p, &ops, H100).unwrap();
-        for vector in [1u32, 4] {
-            let geo = BatchNormGeometry { vector, ..plan.geo };
-            let vector_bytes = vector as usize * 4;
-            for chunk_bytes in [
-                PIPELINE_MIN_CHUNK_BYTES,
-                12_345,
-                PIPELINE_STAGED_CHUNK_BYTES,
-                64 << 10,
-            ] {
-                let (split, _) = pipelined_split(geo, 4, 528, chunk_bytes, 1.25).unwrap();
-                for stages in 2..=8 {
-                    let expected = stages as usize * (split.chunk_len * vector) as usize * 4;
-                    assert_eq!(ring_bytes(1, stages, chunk_bytes, vector_bytes), expected);
-                    assert_eq!(
-                        ring_bytes(2, stages, chunk_bytes, vector_bytes),
-                        2 * expected
-                    );
-                }
-            }
-        }
-        // Four blocks of a three-slot ring fit an H100 SM's 228 KB of shared memory.
-        let default = ring_bytes(1, 3, PIPELINE_STAGED_CHUNK_BYTES, 16);
-        assert!(default <= PIPELINE_MAX_RING_BYTES && 4 * default <= 228 << 10);
     }
 
     /// The pipelined passes' chunks stay within the workspace's partials (whatever chunk
