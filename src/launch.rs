@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use oxidnn_params::{BARRIER_GROUPS, COUNTER_WORDS};
 use std::borrow::Cow;
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
@@ -64,14 +65,23 @@ struct Function(sys::CUfunction);
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
+/// A loaded function and its shared memory: the static size its PTX declares, and the
+/// dynamic size it has been allowed so far (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`).
+#[derive(Clone, Copy)]
+struct Loaded {
+    function: Function,
+    static_shared: u32,
+    dynamic_allowed: u32,
+}
+
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     /// The modules of [`modules::ptx`], each loaded on first use (loading JIT-compiles
     /// the PTX, or takes it from the driver's cache).
     modules: Mutex<Vec<Option<Arc<Module>>>>,
-    /// Each function used so far, with the dynamic shared memory it has been allowed.
-    functions: Mutex<HashMap<&'static str, (Function, u32)>>,
+    /// Each function used so far (see [`Loaded`]).
+    functions: Mutex<HashMap<&'static str, Loaded>>,
     pub(crate) sm_count: u32,
     /// Shared memory of one SM, and the most of it one block may use (dynamic and
     /// reserved together: each block also takes `shared_reserved_per_block`).
@@ -181,39 +191,67 @@ impl Gpu {
         })
     }
 
-    /// The function `name`, allowed `shared_bytes` of dynamic shared memory.
-    fn function(&self, name: &'static str, shared_bytes: u32) -> Result<Function> {
+    /// Runs `f` on the function `name`, loaded on first use (see [`Loaded`]), with the
+    /// cache locked (so raising its shared-memory limit is one step).
+    fn with_loaded<R>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(&mut Loaded) -> Result<R>,
+    ) -> Result<R> {
         let mut cache = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = match cache.get_mut(name) {
-            Some(e) => e,
-            None => {
-                let f = self.load_function(name)?;
-                cache.entry(name).or_insert((f, 0))
-            }
+        let entry = match cache.entry(name) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.load_function(name)?),
         };
-        if shared_bytes > entry.1 {
+        f(entry)
+    }
+
+    /// Whether `shared_bytes` of dynamic shared memory fit beside `loaded`'s static shared
+    /// memory in one block (the device's opt-in limit per block bounds the two together).
+    fn shared_fits(&self, loaded: &Loaded, shared_bytes: u32) -> bool {
+        loaded.static_shared as u64 + shared_bytes as u64 <= self.shared_per_block_optin as u64
+    }
+
+    /// The function `name`, allowed `shared_bytes` of dynamic shared memory; an
+    /// [`Error::NotSupported`] naming it where that and its static shared memory together
+    /// exceed what a block of this device may have.
+    fn function(&self, name: &'static str, shared_bytes: u32) -> Result<Function> {
+        self.with_loaded(name, |entry| {
+            if shared_bytes <= entry.dynamic_allowed {
+                return Ok(entry.function);
+            }
+            if !self.shared_fits(entry, shared_bytes) {
+                return Err(Error::unsupported(format!(
+                    "`{name}` with {shared_bytes} bytes of dynamic shared memory beside its {} \
+                     static: this device allows {} bytes a block",
+                    entry.static_shared, self.shared_per_block_optin
+                )));
+            }
             let set = |attribute, value: u32| {
-                // SAFETY: `entry.0` is a valid function of the loaded module.
+                // SAFETY: `entry.function` is a valid function of the loaded module.
                 unsafe {
-                    result::function::set_function_attribute(entry.0 .0, attribute, value as i32)
+                    result::function::set_function_attribute(
+                        entry.function.0,
+                        attribute,
+                        value as i32,
+                    )
                 }
                 .map_err(|e| Error::driver("cuFuncSetAttribute", e))
             };
-            // Tiled kernels run more blocks per SM with the largest carveout; above the
-            // default 48 KB a kernel must also be allowed its dynamic shared memory.
+            // Tiled kernels run more blocks per SM with the largest carveout. The dynamic
+            // limit is raised whatever the size: by default it is 48 KB less the static
+            // shared memory, so a kernel with static memory could not have 48 KB itself.
             set(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                 100,
             )?;
-            if shared_bytes > 48 * 1024 {
-                set(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    shared_bytes,
-                )?;
-            }
-            entry.1 = shared_bytes;
-        }
-        Ok(entry.0)
+            set(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes,
+            )?;
+            entry.dynamic_allowed = shared_bytes;
+            Ok(entry.function)
+        })
     }
 
     /// Whether this device runs the Hopper (`sm_90a`) kernels: compute capability 9.0
@@ -254,7 +292,7 @@ impl Gpu {
         Ok(module)
     }
 
-    fn load_function(&self, name: &'static str) -> Result<Function> {
+    fn load_function(&self, name: &'static str) -> Result<Loaded> {
         let cname = CString::new(name).map_err(|_| Error::bad("kernel", "name contains NUL"))?;
         let module = self.module_of(name)?;
         // SAFETY: the module stays loaded for the life of `self`, which holds it.
@@ -281,7 +319,11 @@ impl Gpu {
             }
             .map_err(|e| Error::driver("cuFuncSetAttribute", e))?;
         }
-        Ok(Function(raw))
+        Ok(Loaded {
+            function: Function(raw),
+            static_shared: smem.max(0) as u32,
+            dynamic_allowed: 0,
+        })
     }
 
     /// The largest block `kernel` can be launched with (its registers per thread bound it).
@@ -442,14 +484,17 @@ impl Gpu {
     }
 
     /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory one
-    /// SM runs at once for `kernel` (cuOccupancyMaxActiveBlocksPerMultiprocessor), at
-    /// least 1.
+    /// SM runs at once for `kernel` (cuOccupancyMaxActiveBlocksPerMultiprocessor): 0 where
+    /// not one fits (then a launch so configured fails).
     pub(crate) fn resident_blocks(
         &self,
         kernel: &'static str,
         block: u32,
         shared_bytes: u32,
     ) -> Result<u32> {
+        if !self.with_loaded(kernel, |entry| Ok(self.shared_fits(entry, shared_bytes)))? {
+            return Ok(0);
+        }
         let f = self.function(kernel, shared_bytes)?;
         self.ctx
             .bind_to_thread()
@@ -463,7 +508,7 @@ impl Gpu {
             )
         }
         .map_err(|e| Error::driver("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
-        Ok(n.max(1) as u32)
+        Ok(n.max(0) as u32)
     }
 
     /// Milliseconds the work `f` enqueues on the stream takes, by events around it.
@@ -517,5 +562,56 @@ pub(crate) fn device_ptr_mut(gpu: &Gpu, buf: &mut Buffer) -> Result<u64> {
             "buffer",
             "a host buffer was passed to a GPU handle",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{kernels, DataType};
+
+    /// A kernel's static shared memory counts against the 48 KB a block gets by default:
+    /// dynamic shared memory that fits beside it only above that default still runs (as
+    /// many blocks an SM as the memory allows), and a size past the device's limit for a
+    /// block is refused by name, counting no resident blocks.
+    #[test]
+    fn gpu_dynamic_shared_memory_counts_the_static_beside_it() {
+        let gpu = match Gpu::open(0) {
+            Ok(gpu) => gpu,
+            Err(e) => {
+                eprintln!(
+                    "skipped gpu_dynamic_shared_memory_counts_the_static_beside_it: no GPU ({e})"
+                );
+                return;
+            }
+        };
+        let kernel = kernels::batch_norm_fwd_staged_rows(DataType::F32).expect("compiled");
+        let static_shared = gpu.with_loaded(kernel, |e| Ok(e.static_shared)).unwrap();
+        assert!(
+            static_shared > 0,
+            "{kernel} declares no static shared memory"
+        );
+        let block = 256;
+        // Past 48 KB with the static memory, under it alone.
+        let window = 48 * 1024 - static_shared + 16;
+        let per_block = (static_shared + window + gpu.shared_reserved_per_block) as usize;
+        let by_memory = gpu.shared_per_sm as usize / per_block;
+        let resident = gpu.resident_blocks(kernel, block, window).unwrap() as usize;
+        assert!(
+            resident >= 1 && resident <= by_memory,
+            "{resident} blocks an SM with {window} dynamic bytes (memory allows {by_memory})"
+        );
+        gpu.function(kernel, window).unwrap();
+
+        let over = gpu.shared_per_block_optin - static_shared + 1;
+        assert_eq!(gpu.resident_blocks(kernel, block, over).unwrap(), 0);
+        match gpu.function(kernel, over) {
+            Err(Error::NotSupported { message }) => {
+                assert!(message.contains(kernel), "{message}")
+            }
+            other => panic!("{over} dynamic bytes: {:?}", other.map(|_| ())),
+        }
+        // The refusal left the allowance as it was.
+        gpu.function(kernel, window).unwrap();
     }
 }

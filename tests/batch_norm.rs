@@ -1005,6 +1005,10 @@ fn gpu_one_launch_training_of_many_short_channels() {
                 }
             }
         }
+        // Channels of 48 KB of f32 exactly: they fit the default dynamic shared memory
+        // alone, not beside the staged forward's static shared memory.
+        let x = TensorDescriptor::nchw(DataType::F32, 12, 256, 32, 32).unwrap();
+        check_training_plain_and_fused(h, &Problem::dense(BatchNormMode::Spatial, x), 21);
     });
 }
 

@@ -457,7 +457,10 @@ impl BwdLaunch {
             // streamed kernels, whose slots are long rows, twice per SM at most).
             let resident = match plan.kernel {
                 RowKernel::Streamed { .. } => 2,
-                _ => gpu.resident_blocks(kernel, plan.block, shared_bytes)?,
+                // At least one: a block that cannot fit fails at its launch, by name.
+                _ => gpu
+                    .resident_blocks(kernel, plan.block, shared_bytes)?
+                    .max(1),
             };
             plan.blocks.min(resident * gpu.sm_count.max(1))
         } else {
