@@ -75,9 +75,8 @@ use crate::device::{
     self, atomic_add_u32, block_dim_x, block_idx_x, block_reduce, cp_async_16, cp_async_ca,
     cp_async_commit, cp_async_wait, dynamic_smem, global_thread_x, grid_barrier, grid_dim_x,
     group_barrier, lane_id, ld_acquire_u32, ld_shared_u32, ld_shared_v2, ld_shared_v4,
-    ld_shared_words, shfl_idx_u32, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, st_shared_u32,
-    st_shared_v4, st_shared_words, sync_threads_divergent, sync_warp, thread_fence, thread_idx_x,
-    warp_id, SharedF32, Vec16,
+    ld_shared_words, shfl_xor_f32, shfl_xor_f64, sqrt, sqrt_f64, st_shared_u32, st_shared_v4,
+    st_shared_words, sync_threads_divergent, thread_fence, thread_idx_x, warp_id, SharedF32, Vec16,
 };
 use crate::element::Element;
 use oxidnn_params::bn_operand::{DX, DZ, PARAM, X, Y, Z_OR_DY};
@@ -2507,30 +2506,13 @@ fn pipelined_task(t: u32, features: u32, chunks: u32, lookahead: u32) -> Task {
     Task { apply, f, chunk }
 }
 
-/// A pipelined pass's work of task block `block` ([`rows_work`]) for the block's data
-/// threads: every thread but the last warp's strides over the chunk; the last warp, which
-/// keeps the books ([`pipelined_rows`]), gets an empty range.
-#[inline(always)]
-fn pipelined_work(g: &BatchNormGeometry, block: u32) -> Work {
-    let data_threads = block_dim_x() - 32;
-    let mut w = rows_work(g, block);
-    w.step = data_threads;
-    if thread_idx_x() >= data_threads {
-        w.first = w.end;
-    }
-    w
-}
-
 /// The task loop of a pipelined training pass ([`BatchNormPipelinedParams`]): the block's
-/// tasks in order. The block's last warp keeps the books and moves no data, so its fences
-/// wait for no loads or stores of `x` or `y`: a stats task's block total, `stats(work)`
-/// (every thread of the block calls it; the books warp's range is empty), becomes its
-/// partial and the books warp counts it in its feature's word; where the task completes
-/// the feature, the books warp calls `finish(f)` (the whole warp, over the feature's
-/// partials; lane 0's coefficient is stored) and counts once more, while the other warps
-/// go on to their next task. Before an apply task the books warp waits for that count,
-/// then the data warps call `apply(work, f, coefficient)`. The last block done sets the
-/// counters back to 0. Blocks have at least two warps.
+/// tasks in order. A stats task's block total, `stats(work)` (every thread of the block
+/// calls it), becomes its partial and is counted in its feature's word; the block whose
+/// task completes a feature has its warp 0 call `finish(f)` (the whole warp, over the
+/// feature's partials; lane 0's coefficient is stored) and count once more. An apply task
+/// waits for that count, then calls `apply(work, f, coefficient)`. The last block done
+/// sets the counters back to 0.
 ///
 /// # Safety
 /// As the pipelined entry points: a cooperative launch, `partials` and `coef` as the
@@ -2548,18 +2530,16 @@ unsafe fn pipelined_rows(
     // Feature f's count: its completed stats tasks, plus one once it is finalized.
     let count = |f: u32| counters.add(1 + f as usize);
     let finalized = chunks + 1;
-    let books = warp_id() == block_dim_x() / 32 - 1;
-    let bookkeeper = books && lane_id() == 0;
-    // Whether the block is the last one done: written by the bookkeeper between two
-    // barriers.
+    // Slot 0: whether this block's stats task completed its feature; slot 1: whether the
+    // block is the last one done. Each written by thread 0 between two barriers.
     let flags = crate::shared_f32!(16).base;
     let tasks = 2 * features * chunks;
     let mut t = block_idx_x();
     while t < tasks {
         let task = pipelined_task(t, features, chunks, lookahead);
-        let w = pipelined_work(g, task.f * chunks + task.chunk);
+        let w = rows_work(g, task.f * chunks + task.chunk);
         if task.apply {
-            if bookkeeper {
+            if thread_idx_x() == 0 {
                 // SAFETY: the feature's word of the counter state; its stats tasks come
                 // before this task in every block's order, so they run (the blocks are
                 // resident at once) and the block that finalizes it counts to `finalized`.
@@ -2569,40 +2549,37 @@ unsafe fn pipelined_rows(
                 thread_fence();
             }
             sync_threads_divergent();
-            // The books warp's range is empty.
             apply(&w, task.f, coef_of(coef, task.f));
         } else {
             let total = stats(&w);
-            if books {
-                let mut last = false;
-                if bookkeeper {
-                    let at = task.chunk * features + task.f;
-                    write_partial(partials, at, total.n, total.a[0], total.b[0]);
-                    // Releases the partial before the count; the last count acquires
-                    // every other block's partial of the feature (read by the warp below,
-                    // ordered after the fence by the warp barrier).
+            if thread_idx_x() == 0 {
+                let at = task.chunk * features + task.f;
+                write_partial(partials, at, total.n, total.a[0], total.b[0]);
+                // Releases the partial before the count; the last count acquires every
+                // other block's partial of the feature (read by warp 0 below).
+                thread_fence();
+                let last = atomic_add_u32(count(task.f), 1) == chunks - 1;
+                thread_fence();
+                // SAFETY: slot 0 of `flags`; the barriers of the next stats task's
+                // reduction keep the next write behind this task's reads.
+                st_shared_u32(flags, last as u32);
+            }
+            sync_threads_divergent();
+            if ld_shared_u32(flags) != 0 && warp_id() == 0 {
+                let c = finish(task.f);
+                if lane_id() == 0 {
+                    *coef.add(task.f as usize) = c;
                     thread_fence();
-                    last = atomic_add_u32(count(task.f), 1) == chunks - 1;
-                    thread_fence();
-                }
-                let last = shfl_idx_u32(last as u32, 0) != 0;
-                sync_warp();
-                if last {
-                    let c = finish(task.f);
-                    if bookkeeper {
-                        *coef.add(task.f as usize) = c;
-                        thread_fence();
-                        atomic_add_u32(count(task.f), 1);
-                    }
+                    atomic_add_u32(count(task.f), 1);
                 }
             }
         }
         t += grid_dim_x();
     }
-    // Every block counts itself done once it no longer touches the counters (the
-    // bookkeeper, which made the block's counts, after them); the last one zeroes them all.
+    // Every block counts itself done once it no longer touches the counters (thread 0,
+    // which made the block's counts, after them); the last one zeroes them all.
     sync_threads_divergent();
-    if bookkeeper {
+    if thread_idx_x() == 0 {
         thread_fence();
         let last = atomic_add_u32(counters, 1) == grid_dim_x() - 1;
         // SAFETY: slot 1 of `flags`, read after the barrier below.
