@@ -287,12 +287,6 @@ const MIN_BLOCKS_PER_SM: &[(&str, u32, u32)] = &[
     // at 80 registers, measured 4-20% slower on the H100.)
     ("batch_norm_fwd_resident_cols_", 256, 2),
     ("batch_norm_bwd_resident_cols_", 256, 2),
-    // The pipelined f32 backward over rows: three blocks per SM at least (<= 85
-    // registers). Bounded so, ptxas 12.9 takes it from 67 registers to 60, which fit four
-    // blocks, no spills: H100, f32 NCHW N = 32, 512x28x28 100.7-101.1 -> 92.9-93.0 µs,
-    // 256x56x56 167.8-168.6 -> 164.8-166.7, 64x112x112 172.4-174.0 -> 174.4-176.3. (f16
-    // and bf16 would go from 80 to 72, three blocks either way: not measured, unbounded.)
-    ("batch_norm_bwd_pipelined_rows_f32", 256, 3),
     // The plain-epilogue cols apply (inference, and training without add or relu): four
     // blocks per SM (<= 64 registers; ptxas 12.9 takes ~67 unbounded, 63-64 bounded with
     // no spills), where the any-epilogue kernel's 92-96 registers allow two.
